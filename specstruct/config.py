@@ -1,0 +1,52 @@
+"""SpecConfig: the decoding and speculation settings, with the key names speculative deployments use."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SpecConfig(BaseModel):
+    """Settings for one engine or one call. Unknown keys are an error, so a typo never goes unnoticed.
+
+    >>> SpecConfig(enable_speculative=False, max_new_tokens=64)
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # speculation
+    enable_speculative: bool = True
+    draft_model_path: str | None = None
+    initial_candidates: int = Field(3, ge=0, le=16)
+    adaptive_threshold: float = Field(0.7, gt=0.0, lt=1.0)
+    max_candidates: dict[str, int] = Field(
+        default_factory=lambda: {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "text": 2}
+    )
+    use_forced_text: bool = True
+    use_prompt_lookup: bool = True
+    use_draft_model: bool = True
+
+    # typed API
+    max_retries: int = Field(2, ge=0)
+
+    # decoding
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+
+    # placement
+    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+
+    def merged(self, **overrides: Any) -> "SpecConfig":
+        """A copy with the given keys replaced (None values are ignored)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return SpecConfig(**data)
+
+    def cap(self, mode: str) -> int:
+        """Largest number of draft candidates per step for an output mode."""
+        return self.max_candidates.get(mode, self.max_candidates.get("json", 8))

@@ -1,0 +1,43 @@
+"""Every error specstruct raises: each names the problem and how to fix it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SpecStructError(Exception):
+    """Base class of all specstruct errors."""
+
+
+class ConstraintError(SpecStructError, ValueError):
+    """The output type cannot be compiled into a constraint (unsupported keyword, bad regex or grammar,
+    unsatisfiable schema). specstruct never falls back to unconstrained output."""
+
+
+class ModelNotFoundError(SpecStructError, FileNotFoundError):
+    """A model name, folder or file could not be resolved; the message says which command fixes it."""
+
+
+class IncompatibleDraftError(SpecStructError, ValueError):
+    """The draft model's vocabulary differs from the target's, so its tokens cannot be verified."""
+
+
+class PromptTooLongError(SpecStructError, ValueError):
+    """The prompt plus max_new_tokens does not fit in the model's context window."""
+
+
+class IncompleteOutputError(SpecStructError):
+    """max_new_tokens ran out before the constrained output was complete. `.text` holds what was generated."""
+
+    def __init__(self, message: str, text: str = "", token_ids: list[int] | None = None):
+        super().__init__(message)
+        self.text = text
+        self.token_ids = token_ids or []
+
+
+class ValidationRetryError(SpecStructError):
+    """The output kept failing validation after every retry. `.attempts` holds each attempt's text and error."""
+
+    def __init__(self, message: str, attempts: list[dict[str, Any]]):
+        super().__init__(message)
+        self.attempts = attempts

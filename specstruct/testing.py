@@ -1,0 +1,96 @@
+"""Tiny, offline stand-ins for real models: a byte-level BPE tokenizer trained in code and random-weight
+Qwen2 models over it. Tests and the LangChain package's tests use these; nothing here downloads."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    json.dumps({"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["math", "code"]}),
+    json.dumps({"id": 1, "title": "Report", "done": False, "score": 3.5, "owner": None}),
+    json.dumps([{"city": "Paris", "country": "France"}, {"city": "Rome", "country": "Italy"}]),
+    json.dumps({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+    '{"a": 1, "b": [true, false, null], "c": {"d": "e"}}',
+    "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "for i in range(10):\n    print(i)\nimport os, sys\nif __name__ == '__main__':\n    main()\n",
+    "SELECT name, age FROM people WHERE age > 30 ORDER BY name;",
+    "The quick brown fox jumps over the lazy dog. Ada Lovelace wrote the first program in 1843.",
+    "Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON.",
+    "yes no maybe true false null positive negative neutral 0123456789 2024-01-31 12:30:00",
+]
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_tokenizer(vocab_size: int = 400):
+    """A real byte-level BPE tokenizer (GPT-2 style pre-tokenizer, learned merges such as `{"` and `",`),
+    with ChatML special tokens and a chat template, as transformers' PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.name_or_path = f"specstruct-tiny-bpe-{vocab_size}"
+    return fast
+
+
+def tiny_model(tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2, peaky: float = 4.0,
+               dtype: torch.dtype = torch.float32):
+    """A random-weight Qwen2 causal LM over `tokenizer`'s vocabulary (padded to a multiple of 8, as real
+    checkpoints are). `peaky` scales the LM head so the argmax is decisive rather than a near-tie."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    vocab = (len(tokenizer) + 7) // 8 * 8 + 8
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(peaky)
+    return model
+
+
+def perturbed(model, noise: float = 0.02, seed: int = 1):
+    """A copy of `model` with small weight noise: a draft that mostly agrees with its target."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise * p.std().clamp_min(1e-6))
+    return draft
