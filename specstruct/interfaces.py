@@ -91,10 +91,12 @@ class Drafter(Protocol):
 
 @dataclass
 class Plan:
-    """What one decoding step drafts: a total candidate budget and the drafters to use, in order."""
+    """What one decoding step drafts: a total candidate budget `k`, the drafters to use in order, and the most
+    tokens each of them may propose (`limits[name]`)."""
 
     k: int
     drafters: list[str] = field(default_factory=list)
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @runtime_checkable

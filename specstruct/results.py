@@ -1,0 +1,83 @@
+"""What a generation returns: the value, its text and tokens, and the statistics of how it was decoded."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class DrafterStats:
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class Stats:
+    """How a generation was decoded. Times are wall-clock seconds on this process."""
+
+    mode: str = "text"
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # target passes, prefill included
+    drafted: int = 0
+    accepted: int = 0
+    elapsed_s: float = 0.0
+    prefill_s: float = 0.0
+    mask_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0  # target passes after prefill
+    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+    k_histogram: dict[int, int] = field(default_factory=dict)  # candidates per step -> steps
+    numerics: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["per_drafter"] = {
+            k: {"proposed": v.proposed, "accepted": v.accepted, "acceptance_rate": v.acceptance_rate}
+            for k, v in self.per_drafter.items()
+        }
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_forward=self.tokens_per_forward,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return d
+
+
+@dataclass
+class Result(Generic[T]):
+    value: T
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length" (max_new_tokens)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # failed validation attempts before this one
+
+
+@dataclass
+class Chunk:
+    """One streaming update: `text` is new since the previous chunk; `partial` the partial object parsed so far
+    (JSON modes) or None; `result` is set on the last chunk only."""
+
+    text: str
+    partial: Any = None
+    result: Result | None = None
