@@ -1,0 +1,62 @@
+"""Loaded engines, shared between model objects and guarded for concurrent use.
+
+Building a `ChatSpecStruct` costs nothing: the models load on the first call, and every instance with the
+same (model, draft, device, dtype) shares one loaded engine, so LangChain code that builds many model
+objects (chains, `bind`, the standard test-suite's ~60 instances) loads the weights once.
+
+An engine owns a KV cache and grammar state, so one generation runs on it at a time: `engine_lock`
+serialises calls (batch and async calls queue up on it instead of corrupting each other's cache).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+_ENGINES: dict["EngineKey", Any] = {}
+_LOCKS: dict[int, threading.RLock] = {}
+_GUARD = threading.Lock()
+
+
+class EngineKey(NamedTuple):
+    model: str
+    draft: str | None
+    device: str
+    dtype: str
+
+
+def get_engine(key: EngineKey) -> Any:
+    """The shared engine for `key`, loading it on first use (`specstruct.SpecStruct.from_pretrained`)."""
+    engine = _ENGINES.get(key)
+    if engine is not None:
+        return engine
+    with _GUARD:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            import specstruct as ss
+
+            config = ss.SpecConfig(device=key.device, dtype=key.dtype)
+            engine = ss.SpecStruct.from_pretrained(key.model, draft=key.draft, config=config)
+            _ENGINES[key] = engine
+    return engine
+
+
+def engine_lock(engine: Any) -> threading.RLock:
+    """The lock that serialises generations on `engine` (re-entrant: a retry inside a call is fine)."""
+    with _GUARD:
+        return _LOCKS.setdefault(id(engine), threading.RLock())
+
+
+def clear_engines() -> None:
+    """Forget every loaded engine (frees their memory once no model object refers to them)."""
+    with _GUARD:
+        _ENGINES.clear()
+
+
+def engine_name(engine: Any, fallback: str) -> str:
+    """A readable model name for traces and `response_metadata["model_name"]`."""
+    name = getattr(engine, "model_name", None)
+    if isinstance(name, str) and name:
+        return name
+    tok = getattr(engine, "tokenizer", None)
+    return getattr(tok, "name_or_path", None) or fallback

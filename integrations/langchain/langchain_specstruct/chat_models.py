@@ -1,0 +1,227 @@
+"""ChatSpecStruct: a LangChain chat model on a local transformers model, whose structured output and tool
+calls are enforced while decoding (token masks) and sped up by grammar-aware speculative decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams, generate_from_stream
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from langchain_specstruct._base import SpecStructParams, aiter_in_thread, speculative_metadata, usage_metadata
+from langchain_specstruct._messages import to_chat_messages
+from langchain_specstruct._structured import structured_runnable
+from langchain_specstruct._tools import ToolCallStreamer, parse_tool_calls, select_tools, special_markers, tool_grammar
+
+
+@dataclass
+class _Request:
+    """One call, resolved: which engine, what prompt, which output type, which run keywords."""
+
+    engine: Any
+    prompt: list[dict[str, Any]]
+    output_type: Any
+    run_kwargs: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+    model_name: str
+
+
+class ChatSpecStruct(SpecStructParams, BaseChatModel):
+    """Chat model over a local Hugging Face model through specstruct.
+
+    Construction is free; the weights load on first use and are shared by every instance with the same
+    (model, draft_model, device, dtype).
+
+    ```python
+    from langchain_specstruct import ChatSpecStruct
+
+    llm = ChatSpecStruct(model="qwen2.5-coder-1.5b", draft_model="qwen2.5-coder-0.5b", max_tokens=256)
+    llm.invoke("Name three prime numbers.")
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    llm.with_structured_output(Person).invoke("Ada Lovelace died at 36.")  # -> Person, valid by construction
+
+    llm.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
+    ```
+    `response_metadata["speculative"]` holds the decoding statistics (acceptance rate, tokens per forward).
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "specstruct-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model, "draft_model": self.draft_model, "temperature": self.temperature,
+                "max_tokens": self.max_tokens, "enable_speculative": self.enable_speculative}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(ls_provider="specstruct", ls_model_type="chat",
+                                 ls_model_name=kwargs.get("model") or self.model)
+        temperature = kwargs.get("temperature", self.temperature)
+        params["ls_temperature"] = 0.0 if temperature is None else float(temperature)
+        if (max_tokens := kwargs.get("max_tokens", self.max_tokens)) is not None:
+            params["ls_max_tokens"] = max_tokens
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # -- tools and structured output ---------------------------------------------------------------
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: dict | str | bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (Pydantic classes, functions, BaseTools, dicts). tool_choice: "auto" (default: text or
+        calls), "any"/"required" (one or more calls), a tool name (a call of that tool), "none" (text).
+        `parallel_tool_calls=False` allows one call only. `strict` is accepted; decoding is always strict."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        select_tools(formatted, tool_choice)  # fail now, not at the first call, on an unknown tool name
+        return self.bind(tools=formatted, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                         **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """A runnable whose output is `schema`, enforced while decoding (see `_structured.py`). Pydantic
+        classes give instances, TypedDict/JSON schema give dicts; include_raw=True gives
+        {"raw", "parsed", "parsing_error"}."""
+        if kwargs:
+            raise ValueError(f"Unsupported with_structured_output arguments: {sorted(kwargs)}")
+        return structured_runnable(self, schema, method, include_raw, strict)
+
+    # -- one call ------------------------------------------------------------------------------------
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
+        model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
+        engine = self._engine(model)
+        tools, response_format = kwargs.get("tools"), kwargs.get("response_format")
+        if tools and response_format:
+            raise ValueError("Pass either tools (bind_tools) or a response format (with_structured_output), "
+                             "not both in one call.")
+        output_type: Any = None
+        if response_format:
+            output_type = response_format
+        elif tools:
+            grammar = tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
+                                   parallel=kwargs.get("parallel_tool_calls") is not False)
+            if grammar is not None:
+                import specstruct as ss
+
+                output_type = ss.Grammar(grammar)
+        run_kwargs = self._run_kwargs(engine, stop if output_type is None else None, kwargs)
+        if output_type is not None:
+            run_kwargs["stop"] = None  # stop strings would cut a constrained reply short
+        if tools:
+            run_kwargs["tools"] = tools
+        return _Request(engine, to_chat_messages(messages), output_type, run_kwargs, tools or None,
+                        model or self._model_name(engine))
+
+    def _reply_text(self, req: _Request, result: Any) -> str:
+        """The reply text; with tools, decoded with special tokens kept so `<tool_call>` markers survive."""
+        tok = req.engine.tokenizer
+        if not (req.tools and special_markers(tok)):
+            return result.text
+        ids = [t for t in result.token_ids if t != tok.eos_token_id]
+        return tok.decode(ids, skip_special_tokens=False)
+
+    def _metadata(self, req: _Request, result: Any, has_calls: bool) -> dict[str, Any]:
+        return {"model_name": req.model_name, "model_provider": "specstruct",
+                "finish_reason": "tool_calls" if has_calls else result.finish_reason,
+                "speculative": speculative_metadata(result.stats)}
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming or kwargs.get("stream"):
+            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        req = self._request(messages, stop, kwargs)
+        with self._locked(req.engine):
+            result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
+        text = self._reply_text(req, result)
+        content, calls = parse_tool_calls(text) if req.tools else (text, [])
+        message = AIMessage(content=content, tool_calls=calls, usage_metadata=usage_metadata(result.stats),
+                            response_metadata=self._metadata(req, result, bool(calls)))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        req = self._request(messages, stop, kwargs)
+        streamer = ToolCallStreamer() if req.tools else None
+        result = None
+        for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
+            result = chunk.result or result
+            text, calls = streamer.feed(chunk.text) if streamer else (chunk.text, [])
+            if text or calls:
+                gen = ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
+                if run_manager:
+                    run_manager.on_llm_new_token(text, chunk=gen)
+                yield gen
+        if result is None:
+            raise RuntimeError("specstruct's stream ended without a final result; this is a bug in specstruct.")
+        tail, late = "", []
+        if streamer:
+            tail = streamer.flush()
+            if not streamer.calls:  # markers hidden from streamed text (special tokens): parse the tokens
+                late = ToolCallStreamer().feed(self._reply_text(req, result))[1]
+        last = AIMessageChunk(content=tail, tool_call_chunks=late, usage_metadata=usage_metadata(result.stats),
+                              response_metadata=self._metadata(req, result, bool(streamer and (streamer.calls or late))),
+                              chunk_position="last")
+        gen = ChatGenerationChunk(message=last)
+        if run_manager:
+            run_manager.on_llm_new_token(tail, chunk=gen)
+        yield gen
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming or kwargs.get("stream"):
+            chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
+            return generate_from_stream(iter(chunks))
+        sync_manager = run_manager.get_sync() if run_manager else None
+        return await run_in_executor(None, self._generate, messages, stop, sync_manager, **kwargs)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for gen in aiter_in_thread(lambda: self._stream(messages, stop, None, **kwargs)):
+            if run_manager:
+                await run_manager.on_llm_new_token(gen.text, chunk=gen)
+            yield gen

@@ -1,0 +1,143 @@
+"""The tool-call grammar, checked directly with llguidance over the tiny BPE tokenizer, and the parsers."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import llguidance.hf
+import pytest
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel, Field
+
+from langchain_specstruct._tools import (
+    ToolCallStreamer,
+    not_prefixed_by,
+    parse_tool_calls,
+    select_tools,
+    tool_grammar,
+)
+from specstruct.testing import tiny_tokenizer
+
+
+class GetWeather(BaseModel):
+    """Weather in a city."""
+
+    city: str
+    unit: str = Field("celsius", json_schema_extra={"enum": ["celsius", "fahrenheit"]})
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+TOOLS = [convert_to_openai_tool(GetWeather), convert_to_openai_tool(add)]
+
+
+def call(name: str, args: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def lltok():
+    return llguidance.hf.from_tokenizer(tiny_tokenizer())
+
+
+def accepts(lltok, grammar: str, text: str) -> bool:
+    """Whether `text`, tokenized as the engine would, is a complete sentence of `grammar`."""
+    matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert not matcher.is_error(), matcher.get_error()
+    ids = tiny_tokenizer().encode(text, add_special_tokens=False)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+AUTO_CASES = [
+    ("Plain answer, no tools needed.", True),
+    ("<b>bold</b> text may start with '<'", True),
+    (call("add", {"a": 1, "b": 2}), True),
+    (call("add", {"a": 1, "b": 2}) + "\n" + call("GetWeather", {"city": "Paris", "unit": "celsius"}), True),
+    (call("add", {"a": "one", "b": 2}), False),  # argument of the wrong type
+    (call("add", {"a": 1}), False),  # missing required argument
+    (call("add", {"a": 1, "b": 2, "c": 3}), False),  # invented argument
+    (call("sub", {"a": 1, "b": 2}), False),  # unknown tool
+    (call("GetWeather", {"city": "Oslo", "unit": "kelvin"}), False),  # outside the enum
+    ("<tool_call>\nnot json\n</tool_call>", False),
+]
+
+
+@pytest.mark.parametrize("text,ok", AUTO_CASES)
+def test_auto_allows_text_or_valid_calls(lltok, text, ok):
+    assert accepts(lltok, tool_grammar(TOOLS, "auto"), text) is ok
+
+
+@pytest.mark.parametrize("choice", ["any", "required", True])
+def test_required_forbids_text(lltok, choice):
+    g = tool_grammar(TOOLS, choice)
+    assert not accepts(lltok, g, "Just text.")
+    assert accepts(lltok, g, call("add", {"a": 1, "b": 2}))
+
+
+def test_named_tool_only_allows_that_tool(lltok):
+    for choice in ("add", {"type": "function", "function": {"name": "add"}}):
+        g = tool_grammar(TOOLS, choice)
+        assert accepts(lltok, g, call("add", {"a": 5, "b": 6}))
+        assert not accepts(lltok, g, call("GetWeather", {"city": "Paris", "unit": "celsius"}))
+        assert not accepts(lltok, g, "text")
+
+
+def test_none_allows_text_only(lltok):
+    g = tool_grammar(TOOLS, "none")
+    assert accepts(lltok, g, "Sure, here is an answer.")
+    assert not accepts(lltok, g, call("add", {"a": 1, "b": 2}))
+
+
+def test_parallel_false_allows_one_call(lltok):
+    g = tool_grammar(TOOLS, "any", parallel=False)
+    one = call("add", {"a": 1, "b": 2})
+    assert accepts(lltok, g, one)
+    assert not accepts(lltok, g, one + "\n" + one)
+
+
+def test_unknown_tool_choice_names_the_bound_tools():
+    with pytest.raises(ValueError, match="GetWeather"):
+        select_tools(TOOLS, "multiply")
+
+
+def test_not_prefixed_by_regex_semantics():
+    import re
+
+    rx = re.compile(not_prefixed_by("<tool_call>").replace("(.|\\n)", "(?:.|\\n)"), re.DOTALL)
+    for text, ok in [("hello", True), ("<", True), ("<tool", True), ("<tool_call", True), ("<toolbox>", True),
+                     ("<tool_call>", False), ("<tool_call>{}", False), ("", False)]:
+        assert bool(rx.fullmatch(text)) is ok, text
+
+
+def test_parse_tool_calls_gives_unique_ids_and_dict_args():
+    text = call("add", {"a": 1, "b": 2}) + "\n" + call("add", {"a": 3, "b": 4})
+    content, calls = parse_tool_calls(text)
+    assert content == ""
+    assert [c["args"] for c in calls] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}]
+    assert all(c["type"] == "tool_call" and c["name"] == "add" for c in calls)
+    assert len({c["id"] for c in calls}) == 2
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+
+
+def test_streamer_emits_one_chunk_per_completed_call():
+    text = call("add", {"a": 1, "b": 2}) + "\n" + call("GetWeather", {"city": "Rome", "unit": "celsius"})
+    streamer, chunks = ToolCallStreamer(), []
+    for i in range(0, len(text), 7):  # arbitrary chunk boundaries
+        delta, calls = streamer.feed(text[i:i + 7])
+        assert delta == ""
+        chunks += calls
+    assert [c["name"] for c in chunks] == ["add", "GetWeather"]
+    assert [c["index"] for c in chunks] == [0, 1]
+    assert json.loads(chunks[1]["args"]) == {"city": "Rome", "unit": "celsius"}
+    assert streamer.flush() == ""
+
+
+def test_streamer_passes_text_through_once_it_cannot_be_a_call():
+    streamer = ToolCallStreamer()
+    assert streamer.feed("<to") == ("", [])  # might still become <tool_call>
+    assert streamer.feed("day") == ("<today", [])
+    assert streamer.feed(" is fine") == (" is fine", [])
