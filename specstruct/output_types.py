@@ -1,0 +1,205 @@
+"""User output types -> what to compile (ConstraintSpec), what to tell the model, how to parse the text back.
+
+| output type                                   | mode    | value                        |
+|-----------------------------------------------|---------|------------------------------|
+| None, str                                     | text    | str                          |
+| BaseModel, list[Model], TypedDict, dataclass, | json    | validated instance (Pydantic |
+| int, float, bool, other typing generics       |         | TypeAdapter)                 |
+| dict (a JSON schema)                          | json    | parsed JSON, checked by      |
+|                                               |         | `jsonschema`                 |
+| Literal["a", "b"], Enum of strings, Choice    | choice  | the str / the Enum member    |
+| Regex(pattern)                                | regex   | str                          |
+| Grammar(lark_text)                            | grammar | str                          |
+| Code("python")                                | code    | str (checked by ast.parse)   |
+
+Pydantic types compile with their *structure* guaranteed; value bounds JSON-schema regexes cannot
+express (`ge=0`, `multiple_of`, unique items) are left to Pydantic validation after generation, and the
+API retries with the validation error. A raw JSON-schema dict has no such validator, so there an
+inexpressible keyword raises ConstraintError at compile time.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import json
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, get_args, get_origin
+
+from specstruct.errors import ConstraintError
+from specstruct.interfaces import ConstraintSpec, Mode
+from specstruct.schema_check import relaxed
+
+
+@dataclass(frozen=True)
+class Regex:
+    """Text matching `pattern` entirely (Rust regex syntax)."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Exactly one of `options`, as raw text."""
+
+    options: tuple[str, ...]
+
+    def __init__(self, options: typing.Iterable[str]):
+        object.__setattr__(self, "options", tuple(str(o) for o in options))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Text in the language of a Lark grammar (llguidance dialect; the start rule is `start`)."""
+
+    lark: str
+
+
+@dataclass(frozen=True)
+class Code:
+    """Source code in `language`, generated freely and checked after generation (ast.parse for python)."""
+
+    language: str = "python"
+
+
+@dataclass
+class OutputSpec:
+    spec: ConstraintSpec
+    json_schema: dict | None
+    instruction: str
+    parser: Callable[[str], Any] = field(repr=False)
+    output_type: Any = None
+
+    @property
+    def mode(self) -> Mode:
+        return self.spec.mode
+
+    def parse(self, text: str) -> Any:
+        """The value of `text`; raises pydantic.ValidationError, ValueError or SyntaxError when it fails."""
+        return self.parser(text)
+
+
+def resolve(output_type: Any) -> OutputSpec:
+    """Turn any supported output type into an OutputSpec; ConstraintError for anything else."""
+    if output_type is None or output_type is str:
+        return OutputSpec(ConstraintSpec("text", None, "text"), None, "", lambda t: t, output_type)
+    if isinstance(output_type, Regex):
+        return OutputSpec(ConstraintSpec("regex", output_type.pattern, "regex"), None,
+                          f"Answer with text that matches the regular expression {output_type.pattern}",
+                          lambda t: t, output_type)
+    if isinstance(output_type, Choice):
+        return _choice(list(output_type.options), output_type, lambda t: t)
+    if isinstance(output_type, Grammar):
+        return OutputSpec(ConstraintSpec("grammar", output_type.lark, "grammar"), None,
+                          "Answer with text in the language of this Lark grammar:\n" + output_type.lark,
+                          lambda t: t, output_type)
+    if isinstance(output_type, Code):
+        return OutputSpec(ConstraintSpec("code", None, "code"), None,
+                          f"Answer with {output_type.language} code only, no explanation.",
+                          lambda t: parse_code(t, output_type.language), output_type)
+    if isinstance(output_type, dict):
+        return _schema_dict(output_type)
+    if get_origin(output_type) is Literal and all(isinstance(a, str) for a in get_args(output_type)):
+        return _choice(list(get_args(output_type)), output_type, lambda t: t)
+    if isinstance(output_type, type) and issubclass(output_type, enum.Enum):
+        values = [m.value for m in output_type]
+        if values and all(isinstance(v, str) for v in values):
+            return _choice(values, output_type, output_type)
+    if _typed(output_type):
+        return _pydantic(output_type)
+    raise ConstraintError(
+        f"unsupported output type {output_type!r}: use None/str, a Pydantic model, list[Model], TypedDict, "
+        "dataclass, int, float, bool, Literal, Enum, a JSON-schema dict, ss.Regex, ss.Choice, ss.Grammar or ss.Code."
+    )
+
+
+def _choice(options: list[str], output_type: Any, convert: Callable[[str], Any]) -> OutputSpec:
+    if not options:
+        raise ConstraintError("a choice needs at least one option; pass a non-empty list of strings.")
+
+    def parse(text: str) -> Any:
+        if text not in options:
+            raise ValueError(f"{text!r} is not one of the options {options}")
+        return convert(text)
+
+    return OutputSpec(ConstraintSpec("choice", json.dumps(options), "choice"), None,
+                      "Answer with exactly one of: " + ", ".join(options) + ".", parse, output_type)
+
+
+def _typed(t: Any) -> bool:
+    if t in (int, float, bool):
+        return True
+    if isinstance(t, type):
+        from pydantic import BaseModel
+
+        return issubclass(t, BaseModel) or dataclasses.is_dataclass(t) or typing.is_typeddict(t) \
+            or issubclass(t, enum.Enum)
+    return get_origin(t) is not None  # list[Model], dict[str, int], Optional[X], Literal[1, 2], ...
+
+
+def _pydantic(t: Any) -> OutputSpec:
+    from pydantic import TypeAdapter
+
+    if isinstance(t, type) and typing.is_typeddict(t) and type(t).__module__ == "typing":
+        t_schema = _as_extensions_typeddict(t)
+    else:
+        t_schema = t
+    try:
+        adapter = TypeAdapter(t_schema)
+        schema = adapter.json_schema()
+    except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
+        raise ConstraintError(f"unsupported output type {t!r}: Pydantic cannot describe it as JSON ({e}).") from e
+    source = relaxed(schema)
+    return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
+                      adapter.validate_json, t)
+
+
+def _as_extensions_typeddict(t: type) -> type:
+    """Pydantic needs typing_extensions.TypedDict before Python 3.12: rebuild `t` as one (same keys)."""
+    import typing_extensions as te
+
+    hints = typing.get_type_hints(t)
+    fields = {k: (v if k in t.__required_keys__ else te.NotRequired[v]) for k, v in hints.items()}
+    return te.TypedDict(t.__name__, fields)  # type: ignore[operator]
+
+
+def _schema_dict(schema: dict) -> OutputSpec:
+    import jsonschema
+
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise ConstraintError(f"invalid JSON schema: {e.message} at {'/'.join(map(str, e.path)) or 'the root'}") from e
+    validator = validator_cls(schema)
+
+    def parse(text: str) -> Any:
+        value = json.loads(text)  # json.JSONDecodeError is a ValueError
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is not None:
+            where = "/".join(map(str, error.absolute_path)) or "the root"
+            raise ValueError(f"JSON-schema validation failed at {where}: {error.message}")
+        return value
+
+    return OutputSpec(ConstraintSpec("json", json.dumps(schema), "json"), schema, _json_instruction(schema),
+                      parse, schema)
+
+
+def _json_instruction(schema: dict) -> str:
+    what = "a JSON object" if schema.get("type") == "object" or "properties" in schema else "a JSON value"
+    return f"Answer with {what} matching this JSON schema: {json.dumps(schema)}"
+
+
+_FENCE = re.compile(r"^\s*```[\w+.-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def parse_code(text: str, language: str = "python") -> str:
+    """Strip one surrounding ``` fence; for Python, raise SyntaxError unless it parses."""
+    m = _FENCE.match(text)
+    code = m.group(1) if m else text
+    if language.lower() in ("python", "py", "python3"):
+        ast.parse(code)
+    return code

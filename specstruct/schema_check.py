@@ -1,0 +1,315 @@
+"""Which JSON-schema keywords specstruct can *guarantee*, and a normaliser that makes a schema safe to
+hand to outlines_core.
+
+outlines_core turns a schema into a regex by dispatching on ONE keyword per node, in the order
+`properties, allOf, anyOf, oneOf, prefixItems, enum, const, $ref, type`, and silently ignores whatever
+else the node says. A keyword it ignores while it constrains instances (`minimum`, `not`,
+`uniqueItems`, a sibling of `$ref`, ...) would let the model emit JSON that fails the schema, so
+`prepare_schema` raises ConstraintError naming the keyword and its JSON path instead.
+
+What it does to a schema before compiling (all sound: every output still satisfies the original):
+- annotations (title, description, default, examples, unknown `x-*` keys, ...) are dropped, so a
+  node like `{"description": "any"}` becomes `{}` (any JSON value);
+- `true` subschemas become `{}`; `additionalProperties: false` without `properties` becomes
+  `maxProperties: 0`;
+- constraints written next to `anyOf`/`oneOf` are distributed into every branch;
+- `pattern` anchors `^...$` are removed (outlines_core matches the whole string anyway);
+- `format` values outlines_core cannot express are dropped: JSON Schema defines `format` as an
+  annotation unless a validator opts in, so instances stay valid.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from specstruct.errors import ConstraintError
+
+SUPPORTED_FORMATS = {"date-time", "date", "time", "uuid", "uri", "email"}
+DISPATCH = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref", "type")
+# Keywords that constrain instances but that outlines_core never enforces anywhere.
+NEVER = {"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
+         "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+         "propertyNames", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+         "$dynamicRef", "$recursiveRef", "additionalItems"}
+ANY_TYPE = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"}  # constrain every type
+CONTAINERS = {"$defs", "definitions"}
+KNOWN = set(DISPATCH) | NEVER | CONTAINERS | {
+    "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties",
+    "items", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
+    "minDigits", "maxDigits", "minDigitsInteger", "maxDigitsInteger", "minDigitsFraction",
+    "maxDigitsFraction", "minDigitsExponent", "maxDigitsExponent",
+}
+# Per instance type: the keywords outlines_core honours on a `type` node.
+BY_TYPE = {
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "integer": {"minDigits", "maxDigits", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                "multipleOf"},
+    "number": {"minDigitsInteger", "maxDigitsInteger", "minDigitsFraction", "maxDigitsFraction",
+               "minDigitsExponent", "maxDigitsExponent", "minimum", "maximum", "exclusiveMinimum",
+               "exclusiveMaximum", "multipleOf"},
+    "array": {"items", "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains",
+              "additionalItems", "prefixItems", "unevaluatedItems"},
+    "object": {"additionalProperties", "minProperties", "maxProperties", "required", "patternProperties",
+               "propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
+               "unevaluatedProperties", "properties"},
+    "boolean": set(),
+    "null": set(),
+}
+
+
+def unsupported(keyword: str, path: str, why: str) -> ConstraintError:
+    return ConstraintError(
+        f"unsupported JSON-schema keyword '{keyword}' at {path}: {why}. specstruct never falls back to "
+        "unconstrained output; remove or rewrite it (validate it after generation with a Pydantic "
+        "validator instead)."
+    )
+
+
+def prepare_schema(schema: Any) -> dict:
+    """Return a normalised copy of `schema` that outlines_core compiles faithfully, or raise ConstraintError."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from e
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}; pass a dict.")
+    root = _normalise(copy.deepcopy(schema), "#", is_root=True)
+    _Checker(root).check(root, "#")
+    return root
+
+
+# Value bounds a Pydantic type re-checks after generation (the API retries on failure).
+RELAXABLE = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems"}
+
+
+def relaxed(schema: dict) -> dict:
+    """`schema` without the value bounds listed in RELAXABLE (and without string length bounds where a
+    pattern or format is present): for types whose own validator checks them after generation."""
+    return _normalise(copy.deepcopy(schema), "#", is_root=True, drop=RELAXABLE)
+
+
+def _normalise(node: Any, path: str, is_root: bool = False, drop: set[str] | frozenset = frozenset()) -> Any:
+    if node is True:
+        return {}
+    if node is False:
+        return False
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if (key not in KNOWN and not (is_root and key == "$id")) or key in drop:
+            continue  # an annotation or an unknown keyword: validators ignore it too
+        if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+            if isinstance(value, dict):
+                value = {k: _normalise(v, f"{path}/{key}/{k}", drop=drop) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+                     "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems"):
+            if isinstance(value, list):
+                value = [_normalise(v, f"{path}/{key}/{i}", drop=drop) for i, v in enumerate(value)]
+            else:
+                value = _normalise(value, f"{path}/{key}", drop=drop)
+        elif key in ("allOf", "anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+            value = [_normalise(v, f"{path}/{key}/{i}", drop=drop) for i, v in enumerate(value)]
+        out[key] = value
+    if drop and ("pattern" in out or "format" in out):
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+    if out.get("uniqueItems") is False:
+        del out["uniqueItems"]
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = _strip_anchors(out["pattern"])
+    if isinstance(out.get("format"), str) and out["format"] not in SUPPORTED_FORMATS:
+        del out["format"]
+    if "properties" in out:
+        out.pop("additionalProperties", None)  # outlines_core emits only the declared properties
+        out.pop("patternProperties", None)     # ... so extra keys never appear: sound
+    elif out.get("additionalProperties") is False:
+        del out["additionalProperties"]
+        out["maxProperties"] = 0
+    elif out.get("additionalProperties") == {}:
+        del out["additionalProperties"]
+    for key in ("anyOf", "oneOf"):
+        if key in out and isinstance(out[key], list) and "properties" not in out and "allOf" not in out:
+            out = _distribute(out, key)
+            break
+    return out
+
+
+def _distribute(node: dict, key: str) -> dict:
+    """{type: object, anyOf: [A, B]} -> {anyOf: [{type: object, **A}, {type: object, **B}]} when no
+    key collides: the conjunction moves into each branch, so outlines_core sees it."""
+    siblings = {k: v for k, v in node.items() if k != key and k not in CONTAINERS and k != "$id"}
+    if not siblings:
+        return node
+    branches = []
+    for branch in node[key]:
+        if not isinstance(branch, dict) or set(branch) & set(siblings):
+            return node  # leave it; the checker reports the ignored sibling
+        branches.append({**siblings, **branch})
+    return {k: v for k, v in node.items() if k not in siblings} | {key: branches}
+
+
+def _strip_anchors(pattern: str) -> str:
+    if pattern.startswith("^"):
+        pattern = pattern[1:]
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1]
+    return pattern
+
+
+class _Checker:
+    """Walks the nodes reachable from the root (following local $refs once) and raises on the first
+    keyword outlines_core would ignore."""
+
+    def __init__(self, root: dict):
+        self.root = root
+        self.seen_refs: set[str] = set()
+
+    def check(self, node: Any, path: str) -> None:
+        if node is False:
+            raise ConstraintError(f"the schema at {path} is `false`: no value can satisfy it; remove it.")
+        if not isinstance(node, dict) or not node:
+            return
+        head = next((k for k in DISPATCH if k in node), None)
+        for key in node:
+            if key in NEVER and (head != "type" or key in ANY_TYPE):
+                raise unsupported(key, path, "outlines_core cannot express it, so the output would not be "
+                                  "guaranteed to satisfy it")
+        if head is None:
+            constraining = sorted(set(node) - CONTAINERS - {"$id"})
+            if constraining:
+                raise unsupported(constraining[0], path, "a schema node without 'type' (or properties/"
+                                  "anyOf/enum/const/$ref) cannot be compiled; add a 'type'")
+            return
+        getattr(self, "_" + head.lstrip("$").lower())(node, path)
+
+    def _others(self, node: dict, path: str, allowed: set[str], head: str) -> None:
+        extra = sorted(set(node) - allowed - CONTAINERS - {"$id", head})
+        if extra:
+            raise unsupported(extra[0], path, f"outlines_core ignores it next to '{head}'")
+
+    def _properties(self, node: dict, path: str) -> None:
+        props = node["properties"]
+        self._others(node, path, {"required", "type", "minProperties", "maxProperties"}, "properties")
+        types = node.get("type", "object")
+        if "object" not in (types if isinstance(types, list) else [types]):
+            raise unsupported("type", path, "'properties' always produces an object")
+        required = [r for r in node.get("required", []) if isinstance(r, str)]
+        missing = [r for r in required if r not in props]
+        if missing:
+            raise unsupported("required", path, f"required property {missing[0]!r} is not declared in "
+                              "'properties', so it would never be generated; declare it")
+        if node.get("minProperties", 0) > len(set(required)):
+            raise unsupported("minProperties", path, "only the required properties are guaranteed")
+        if node.get("maxProperties", len(props)) < len(props):
+            raise unsupported("maxProperties", path, "optional properties could exceed it")
+        for name, sub in props.items():
+            self.check(sub, f"{path}/properties/{name}")
+
+    def _allof(self, node: dict, path: str) -> None:
+        parts = node["allOf"]
+        if not isinstance(parts, list) or len(parts) != 1:
+            raise unsupported("allOf", path, "outlines_core concatenates the subschemas instead of "
+                              "intersecting them; merge them into one schema")
+        self._others(node, path, set(), "allOf")
+        self.check(parts[0], f"{path}/allOf/0")
+
+    def _anyof(self, node: dict, path: str, key: str = "anyOf") -> None:
+        self._others(node, path, set(), key)
+        for i, sub in enumerate(node[key] if isinstance(node[key], list) else []):
+            self.check(sub, f"{path}/{key}/{i}")
+
+    def _oneof(self, node: dict, path: str) -> None:
+        self._anyof(node, path, "oneOf")  # compiled as anyOf: see docs/conformance.md
+
+    def _prefixitems(self, node: dict, path: str) -> None:
+        n = len(node["prefixItems"])
+        self._others(node, path, {"type", "items", "minItems", "maxItems"}, "prefixItems")
+        if node.get("minItems", 0) > n or node.get("maxItems", n) < n:
+            raise unsupported("minItems" if node.get("minItems", 0) > n else "maxItems", path,
+                              "outlines_core emits exactly the prefixItems")
+        for i, sub in enumerate(node["prefixItems"]):
+            self.check(sub, f"{path}/prefixItems/{i}")
+
+    def _enum(self, node: dict, path: str, key: str = "enum") -> None:
+        values = node[key] if key == "enum" else [node[key]]
+        if not isinstance(values, list) or not values:
+            raise ConstraintError(f"'{key}' at {path} lists no value, so nothing can satisfy it; add values.")
+        rest = {k: v for k, v in node.items() if k not in (key, "$id") and k not in CONTAINERS}
+        if rest:  # outlines_core ignores the siblings: every listed value must satisfy them on its own
+            import jsonschema
+
+            probe = {**rest, **{k: v for k, v in self.root.items() if k in CONTAINERS}}
+            for value in values:
+                if not jsonschema.Draft202012Validator(probe).is_valid(value):
+                    raise unsupported(sorted(rest)[0], path, f"the {key} value {value!r} violates it, "
+                                      f"and outlines_core would still emit that value")
+
+    def _const(self, node: dict, path: str) -> None:
+        self._enum(node, path, "const")
+
+    def _ref(self, node: dict, path: str) -> None:
+        self._others(node, path, set(), "$ref")
+        ref = node["$ref"]
+        if not isinstance(ref, str) or ref in self.seen_refs:
+            return
+        self.seen_refs.add(ref)
+        target: Any = self.root
+        if "#" in ref:
+            for part in (p for p in ref.split("#", 1)[1].split("/") if p):
+                part = part.replace("~1", "/").replace("~0", "~")
+                if not isinstance(target, dict) or part not in target:
+                    return  # outlines_core reports the broken reference itself
+                target = target[part]
+            self.check(target, ref)
+
+    def _type(self, node: dict, path: str) -> None:
+        types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        for t in types:
+            if t not in BY_TYPE:
+                raise unsupported("type", path, f"unknown type {t!r}")
+        relevant = set().union(*(BY_TYPE[t] for t in types))
+        for key in sorted(set(node) & relevant):
+            self._type_keyword(node, key, path)
+        if isinstance(node.get("items"), dict) and "array" in types:
+            self.check(node["items"], f"{path}/items")
+        if isinstance(node.get("additionalProperties"), dict) and "object" in types:
+            self.check(node["additionalProperties"], f"{path}/additionalProperties")
+
+    def _type_keyword(self, node: dict, key: str, path: str) -> None:
+        if key in NEVER or key in ("uniqueItems", "patternProperties"):
+            raise unsupported(key, path, "outlines_core cannot express it")
+        if key == "required" and node[key]:
+            raise unsupported(key, path, "an object without 'properties' cannot force named keys; "
+                              "declare them in 'properties'")
+        if key == "items" and not isinstance(node[key], dict):
+            raise unsupported(key, path, "the tuple form of 'items' is not supported; use 'prefixItems'")
+        length = {"minLength", "maxLength"} & set(node)
+        if key in ("pattern", "format") and length:
+            raise unsupported(sorted(length)[0], path, f"outlines_core drops '{key}' when a length bound "
+                              "is present; keep one of them")
+        if key == "format" and "pattern" in node:
+            raise unsupported("format", path, "outlines_core drops 'format' next to 'pattern'")
+        if key == "pattern" and isinstance(node[key], str) and not _json_safe(node[key]):
+            raise unsupported("pattern", path, f"{node[key]!r} can match '\"', '\\\\' or a control "
+                              "character, which a JSON string must escape; exclude them from the pattern, "
+                              "e.g. [^\"\\\\]* instead of .*")
+
+
+def _json_safe(pattern: str) -> bool:
+    """True when no string matching `pattern` contains a byte that must be escaped inside a JSON string.
+    outlines_core inserts the pattern verbatim between quotes, so such a byte would break the JSON."""
+    from outlines_core import Index, Vocabulary
+
+    vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    try:
+        index = Index(pattern, vocab)
+    except (ValueError, RuntimeError):
+        return True  # not compilable at all: compile_constraint reports that error precisely
+    bad = set(range(0x20)) | {0x22, 0x5C}
+    return not any(bad & set(edges) for edges in index.get_transitions().values())

@@ -1,0 +1,158 @@
+"""The tokenizer as the constraint engine sees it: every token id's real byte sequence.
+
+Byte-level BPE tokenizers (GPT-2, Qwen) store tokens in a printable alphabet where each character
+stands for one byte (`Ġ` is a space, `Ċ` a newline); a token may hold half of a UTF-8 character.
+outlines 1.x turns tokens into *strings* with `convert_tokens_to_string`, which maps such half
+characters to U+FFFD; we keep the exact bytes instead, so an automaton over bytes sees what the
+model really writes. SentencePiece vocabularies (`▁` for space, `<0x0A>` byte tokens) are handled too.
+
+Special tokens (chat markers, padding) are never legal output; EOS is added by the constraint at
+final states; ids >= len(tokenizer) (padding rows of the LM head) do not exist here at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+@dataclass
+class TokenTable:
+    key: str                          # content hash: names the disk cache folder
+    n_real: int                       # len(tokenizer): ids at or above it are LM-head padding
+    eos_id: int
+    token_bytes: list[bytes | None]   # None for special tokens
+    special: frozenset[int]
+    eos_like: np.ndarray = field(repr=False)     # special ids, excluded from automaton masks
+    first_byte: np.ndarray = field(repr=False)   # [n_real] int16, -1 where the token is special/empty
+    byte_token: dict[int, int] = field(repr=False)  # byte value -> id of its single-byte token
+    _vocab: object = field(default=None, repr=False)
+
+    def vocabulary(self):
+        """The outlines_core Vocabulary (real byte strings -> ids), built once."""
+        if self._vocab is None:
+            from outlines_core import Vocabulary
+
+            by_bytes: dict[bytes, list[int]] = {}
+            for i, b in enumerate(self.token_bytes):
+                if b:
+                    by_bytes.setdefault(b, []).append(i)
+            self._vocab = Vocabulary(self.eos_id, by_bytes)
+        return self._vocab
+
+
+_MEMO: "weakref.WeakKeyDictionary[object, TokenTable]" = weakref.WeakKeyDictionary()
+
+
+def token_table(tokenizer) -> TokenTable:
+    """The TokenTable of an HF tokenizer (memoised per tokenizer object, cached on disk by content)."""
+    try:
+        return _MEMO[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    key = fingerprint(tokenizer)
+    from specstruct.constraints import cache_dir
+
+    path = cache_dir() / key / "table.pkl"
+    table = None
+    if path.exists():
+        try:
+            table = pickle.loads(path.read_bytes())
+        except Exception:
+            path.unlink(missing_ok=True)
+    if table is None:
+        table = build_table(tokenizer, key)
+        table.vocabulary()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(table))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    try:
+        _MEMO[tokenizer] = table
+    except TypeError:
+        pass
+    return table
+
+
+def fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    specials = sorted(_special_ids(tokenizer))
+    blob = json.dumps([type(tokenizer).__name__, vocab, specials, tokenizer.eos_token_id, len(tokenizer)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _special_ids(tokenizer) -> set[int]:
+    ids = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    ids |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    return {i for i in ids if i is not None}
+
+
+def _is_byte_level(tokenizer) -> bool:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    try:
+        return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
+    except Exception:
+        return type(decoder).__name__ == "ByteLevel"
+
+
+def build_table(tokenizer, key: str = "") -> TokenTable:
+    n_real = len(tokenizer)
+    special = _special_ids(tokenizer)
+    added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    byte_level = _is_byte_level(tokenizer)
+    by_id = {i: piece for piece, i in tokenizer.get_vocab().items()}
+    pieces = [by_id.get(i) for i in range(n_real)]
+    token_bytes: list[bytes | None] = []
+    for i, piece in enumerate(pieces):
+        if i in special or piece is None:
+            token_bytes.append(None)
+        elif i in added:
+            token_bytes.append(added[i].encode("utf-8"))
+        elif byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            token_bytes.append(bytes(_UNICODE_TO_BYTE[c] for c in piece))
+        elif (m := _BYTE_TOKEN.match(piece)) is not None:
+            token_bytes.append(bytes([int(m.group(1), 16)]))
+        else:
+            token_bytes.append(piece.replace("\u2581", " ").encode("utf-8"))
+    first = np.full(n_real, -1, dtype=np.int16)
+    byte_token: dict[int, int] = {}
+    for i, b in enumerate(token_bytes):
+        if b:
+            first[i] = b[0]
+            if len(b) == 1:
+                byte_token.setdefault(b[0], i)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token before compiling constraints")
+    return TokenTable(key=key or fingerprint(tokenizer), n_real=n_real, eos_id=int(eos), token_bytes=token_bytes,
+                      special=frozenset(special | {int(eos)}), eos_like=np.array(sorted(special | {int(eos)})),
+                      first_byte=first, byte_token=byte_token)
+
