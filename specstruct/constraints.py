@@ -54,13 +54,11 @@ def json_regex(schema: dict | str) -> str:
         raw = build_regex_from_schema(json.dumps(prepared), _WS)
     except (ValueError, RuntimeError) as e:
         raise ConstraintError(f"outlines_core cannot compile this JSON schema: {e}".strip()) from e
-    parts = raw.split(_WS)
-    out = [parts[0]]
-    for part in parts[1:]:  # a space after a structural ',' or ':' and nowhere else, as json.dumps does
-        prev = "".join(out)
-        out.append(" " if prev.endswith((",", ":")) and not prev.endswith("(?:") else "")
-        out.append(part)
-    return "".join(out)
+    # Every structural ',' and ':' touches a placeholder: give it exactly one space after, as json.dumps
+    # does, inside whatever optional group holds it ("(, "b": ...)?"), and drop the other placeholders.
+    for sep in (",", ":"):
+        raw = raw.replace(_WS + sep + _WS, sep + " ").replace(_WS + sep, sep + " ").replace(sep + _WS, sep + " ")
+    return raw.replace(_WS, "")
 
 
 def choice_regex(options: Sequence[str]) -> str:

@@ -10,8 +10,10 @@ else the node says. A keyword it ignores while it constrains instances (`minimum
 What it does to a schema before compiling (all sound: every output still satisfies the original):
 - annotations (title, description, default, examples, unknown `x-*` keys, ...) are dropped, so a
   node like `{"description": "any"}` becomes `{}` (any JSON value);
-- `true` subschemas become `{}`; `additionalProperties: false` without `properties` becomes
-  `maxProperties: 0`;
+- `true` and `{}` subschemas become an explicit anyOf of the six JSON types (outlines_core's own
+  regex for `{}` misses a group and binds a property key to `true|false` only);
+  `additionalProperties: false` without `properties` becomes `maxProperties: 0`; `properties: {}`
+  without `required` is dropped (a free-form object);
 - constraints written next to `anyOf`/`oneOf` are distributed into every branch;
 - `pattern` anchors `^...$` are removed (outlines_core matches the whole string anyway);
 - `format` values outlines_core cannot express are dropped: JSON Schema defines `format` as an
@@ -83,6 +85,8 @@ def prepare_schema(schema: Any) -> dict:
     return root
 
 
+# "Any JSON value", spelled so outlines_core wraps the alternation in a group.
+ANY_VALUE = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object", "array")]}
 # Value bounds a Pydantic type re-checks after generation (the API retries on failure).
 RELAXABLE = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems"}
 
@@ -125,18 +129,22 @@ def _normalise(node: Any, path: str, is_root: bool = False, drop: set[str] | fro
         out["pattern"] = _strip_anchors(out["pattern"])
     if isinstance(out.get("format"), str) and out["format"] not in SUPPORTED_FORMATS:
         del out["format"]
+    if out.get("properties") == {} and not out.get("required"):
+        del out["properties"]  # no declared property: a free-form object, not only `{}`
+    if out.get("additionalProperties") in (True, {}, ANY_VALUE):
+        del out["additionalProperties"]
     if "properties" in out:
         out.pop("additionalProperties", None)  # outlines_core emits only the declared properties
         out.pop("patternProperties", None)     # ... so extra keys never appear: sound
     elif out.get("additionalProperties") is False:
         del out["additionalProperties"]
         out["maxProperties"] = 0
-    elif out.get("additionalProperties") == {}:
-        del out["additionalProperties"]
     for key in ("anyOf", "oneOf"):
         if key in out and isinstance(out[key], list) and "properties" not in out and "allOf" not in out:
             out = _distribute(out, key)
             break
+    if not set(out) - CONTAINERS - {"$id"}:
+        out.update(copy.deepcopy(ANY_VALUE))  # outlines_core's own `{}` regex lacks a group around its '|'
     return out
 
 
