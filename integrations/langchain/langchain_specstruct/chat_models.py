@@ -19,7 +19,15 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_specstruct._base import SpecStructParams, aiter_in_thread, speculative_metadata, usage_metadata
 from langchain_specstruct._messages import to_chat_messages
 from langchain_specstruct._structured import structured_runnable
-from langchain_specstruct._tools import ToolCallStreamer, parse_tool_calls, select_tools, special_markers, tool_grammar
+from langchain_specstruct._tools import (
+    OPEN,
+    ToolCallStreamer,
+    parse_tool_calls,
+    select_tools,
+    special_markers,
+    tool_grammar,
+)
+from specstruct.errors import IncompleteOutputError
 
 
 @dataclass
@@ -160,13 +168,24 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if self.streaming or kwargs.get("stream"):
             return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
         req = self._request(messages, stop, kwargs)
-        with self._locked(req.engine):
-            result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
+        try:
+            with self._locked(req.engine):
+                result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
+        except IncompleteOutputError as err:
+            return ChatResult(generations=[ChatGeneration(message=self._truncated_text(req, err))])
         text = self._reply_text(req, result)
         content, calls = parse_tool_calls(text) if req.tools else (text, [])
         message = AIMessage(content=content, tool_calls=calls, usage_metadata=usage_metadata(result.stats),
                             response_metadata=self._metadata(req, result, bool(calls)))
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _truncated_text(self, req: _Request, err: IncompleteOutputError) -> AIMessage:
+        """With tools bound, a *text* reply cut by max_tokens is an ordinary "length" finish (the grammar only
+        objects because the cut may split a character); a cut inside a tool call is a real error."""
+        if not req.tools or err.text.lstrip().startswith(OPEN[:2]) or req.output_type is None:
+            raise err
+        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": "length"}
+        return AIMessage(content=err.text, response_metadata=meta)
 
     def _stream(
         self,
@@ -177,15 +196,23 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         req = self._request(messages, stop, kwargs)
         streamer = ToolCallStreamer() if req.tools else None
-        result = None
-        for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
-            result = chunk.result or result
-            text, calls = streamer.feed(chunk.text) if streamer else (chunk.text, [])
-            if text or calls:
-                gen = ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
-                if run_manager:
-                    run_manager.on_llm_new_token(text, chunk=gen)
-                yield gen
+        result, truncated = None, None
+        try:
+            for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
+                result = chunk.result or result
+                text, calls = streamer.feed(chunk.text) if streamer else (chunk.text, [])
+                if text or calls:
+                    gen = ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
+                    if run_manager:
+                        run_manager.on_llm_new_token(text, chunk=gen)
+                    yield gen
+        except IncompleteOutputError as err:
+            truncated = self._truncated_text(req, err)
+        if truncated is not None:
+            last = AIMessageChunk(content=streamer.flush() if streamer else "", chunk_position="last",
+                                  response_metadata=truncated.response_metadata)
+            yield ChatGenerationChunk(message=last)
+            return
         if result is None:
             raise RuntimeError("specstruct's stream ended without a final result; this is a bug in specstruct.")
         tail, late = "", []

@@ -1,0 +1,17 @@
+"""The tiny engine the unit tests share: a random-weight Qwen2 over a BPE tokenizer trained in code, plus a
+perturbed copy as its draft model. Real specstruct decoding, offline, milliseconds per token."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_engine():
+    import specstruct as ss
+    from specstruct.testing import perturbed, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0)
+    return ss.SpecStruct(model, tok, draft_model=perturbed(model), config=ss.SpecConfig(max_new_tokens=24),
+                         model_name="specstruct-tiny")
