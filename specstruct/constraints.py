@@ -8,6 +8,12 @@
 
 Compiling an Index is the slow part (0.3-2 s on a 150k vocabulary), so compiled programs are cached in
 memory per (tokenizer, spec) and on disk under ~/.cache/specstruct/constraints (env SPECSTRUCT_CACHE).
+outlines_core 0.2.14 drops every transition out of a state where the regex could already end when the
+continuation needs more than one byte: `a(bc)?` rejects "abc", a top-level number rejects "3.25",
+Choice(["yes", "yes please"]) rejects the second. So every regex is compiled as `(?:R)\x00`, with NUL
+spelled only by a reserved token id: no state is final before the terminator, and "could R end here?"
+is answered by "may the terminator follow?". Real tokens containing NUL are never legal.
+
 JSON is generated in `json.dumps` form: ", " and ": " between items, nothing after "{" or "[", so the
 automaton forces long stretches of text (`{"name": "`) that the speculative drafter can propose for free.
 """
@@ -30,7 +36,7 @@ from specstruct.errors import ConstraintError
 from specstruct.grammar_constraint import GrammarConstraint
 from specstruct.interfaces import ConstraintSpec
 from specstruct.schema_check import prepare_schema
-from specstruct.token_table import TokenTable, token_table
+from specstruct.token_table import TERMINATOR_ID, TokenTable, token_table
 
 __all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
@@ -38,7 +44,7 @@ __all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "Fr
 _WS = "\x00ws\x00"  # whitespace placeholder, resolved by json_regex
 _DONE = -1  # state after EOS: only EOS stays legal
 MASK_CACHE_BYTES = 128 * 2**20
-_FORMAT_VERSION = "1"
+_FORMAT_VERSION = "2"
 
 
 def cache_dir() -> Path:
@@ -65,6 +71,8 @@ def choice_regex(options: Sequence[str]) -> str:
     """An alternation matching exactly one of `options` (escaped for the Rust regex syntax)."""
     if not options:
         raise ConstraintError("Choice needs at least one option; pass a non-empty list of strings.")
+    if any("\x00" in str(o) for o in options):
+        raise ConstraintError("Choice options cannot contain NUL characters; remove them.")
     meta = set("\\.+*?()|[]{}^$#&-~")
 
     def esc(s: str) -> str:
@@ -80,11 +88,21 @@ class _Program:
         self.index, self.table, self.vocab_size = index, table, vocab_size
         self.eos_ids = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
         self.initial = index.get_initial_state()
-        self.finals = set(index.get_final_states())
+        self._ends = set(index.get_final_states())  # states after the NUL terminator
+        self._final: dict[int, bool] = {}
         self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._forced: dict[int, str] = {}
         self._lock = threading.Lock()
         self.max_masks = max(8, MASK_CACHE_BYTES // max(vocab_size, 1))
+
+    def is_final(self, state: int) -> bool:
+        """Could the output end here? (The terminator may follow.)"""
+        if state == _DONE:
+            return True
+        hit = self._final.get(state)
+        if hit is None:
+            hit = self._final[state] = self.index.get_next_state(state, TERMINATOR_ID) in self._ends
+        return hit
 
     def allowed(self, state: int) -> np.ndarray:
         ids = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
@@ -99,7 +117,7 @@ class _Program:
         bits = np.zeros(self.vocab_size, dtype=np.bool_)  # numpy scatter: ~20x faster than torch's here
         if state != _DONE:
             bits[self.allowed(state)] = True
-        if state == _DONE or state in self.finals:
+        if self.is_final(state):
             bits[self.eos_ids] = True
         m = torch.from_numpy(bits)
         with self._lock:
@@ -110,7 +128,7 @@ class _Program:
 
     def step(self, state: int, token: int) -> int | None:
         if token in self.eos_ids:
-            return _DONE if (state == _DONE or state in self.finals) else None
+            return _DONE if self.is_final(state) else None
         if state == _DONE or token >= self.table.n_real or token in self.table.special:
             return None
         return self.index.get_next_state(state, token)
@@ -120,7 +138,7 @@ class _Program:
         if state in self._forced:
             return self._forced[state]
         out, s = bytearray(), state
-        while s != _DONE and s not in self.finals and len(out) < 4096:
+        while not self.is_final(s) and len(out) < 4096:
             ids = self.allowed(s)
             if len(ids) == 0:
                 break
@@ -179,8 +197,7 @@ class AutomatonConstraint(_Base):
         return self._p.forced(self._states[-1])
 
     def is_final(self) -> bool:
-        s = self._states[-1]
-        return s == _DONE or s in self._p.finals
+        return self._p.is_final(self._states[-1])
 
     def fork(self) -> "AutomatonConstraint":
         return AutomatonConstraint(self._p, self.mode, self._tokenizer, list(self._states))
@@ -254,6 +271,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
         regex = choice_regex(json.loads(spec.source or "[]"))
     elif spec.kind == "regex":
         regex = spec.source or ""
+        _check_regex_syntax(regex, spec)
     else:
         raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
     key = (table.key, regex, vocab_size, tuple(sorted(eos)))
@@ -261,7 +279,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
         program = _PROGRAMS.get(key)
     if program is None:
         program = _Program(_index(regex, table, spec), table, vocab_size, eos)
-        if spec.kind == "json" and program.initial in program.finals:
+        if spec.kind == "json" and program.is_final(program.initial):
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "
                                   "lists and min/max bounds.")
         with _PROGRAMS_LOCK:
@@ -281,11 +299,19 @@ def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
         except Exception:  # a corrupt or stale entry: rebuild it
             path.unlink(missing_ok=True)
     try:
-        index = Index(regex, table.vocabulary())
+        index = Index(f"(?:{regex})\\x00", table.vocabulary())
     except (ValueError, RuntimeError) as e:
         raise _regex_error(regex, spec, str(e)) from e
     _write_atomic(path, index.__reduce__()[1][0])
     return index
+
+
+def _check_regex_syntax(regex: str, spec: ConstraintSpec) -> None:
+    """Parse a user regex on its own first: it is wrapped as `(?:R)\\x00`, so `a)|(b` must not slip through."""
+    from llguidance import LLMatcher
+
+    if LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(regex)):
+        raise _regex_error(regex, spec, "")
 
 
 def _regex_error(regex: str, spec: ConstraintSpec, message: str) -> ConstraintError:

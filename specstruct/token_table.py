@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+TERMINATOR, TERMINATOR_ID = b"\x00", 2**31 - 1  # an id no real vocabulary reaches
+_FORMAT = "2"
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -54,13 +56,17 @@ class TokenTable:
     _vocab: object = field(default=None, repr=False)
 
     def vocabulary(self):
-        """The outlines_core Vocabulary (real byte strings -> ids), built once."""
+        """The outlines_core Vocabulary (real byte strings -> ids), built once.
+
+        Tokens holding a NUL byte are left out (no constrained output contains NUL) and the reserved id
+        TERMINATOR_ID spells b"\0": constraints append NUL to their regex and ask "could the terminator
+        follow here?" to decide finality (see constraints.py for the outlines_core bug this avoids)."""
         if self._vocab is None:
             from outlines_core import Vocabulary
 
-            by_bytes: dict[bytes, list[int]] = {}
+            by_bytes: dict[bytes, list[int]] = {TERMINATOR: [TERMINATOR_ID]}
             for i, b in enumerate(self.token_bytes):
-                if b:
+                if b and TERMINATOR not in b:
                     by_bytes.setdefault(b, []).append(i)
             self._vocab = Vocabulary(self.eos_id, by_bytes)
         return self._vocab
@@ -105,7 +111,7 @@ def token_table(tokenizer) -> TokenTable:
 def fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     specials = sorted(_special_ids(tokenizer))
-    blob = json.dumps([type(tokenizer).__name__, vocab, specials, tokenizer.eos_token_id, len(tokenizer)])
+    blob = json.dumps([_FORMAT, type(tokenizer).__name__, vocab, specials, tokenizer.eos_token_id, len(tokenizer)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

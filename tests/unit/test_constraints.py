@@ -1,0 +1,266 @@
+"""Constraint compiler: masks, EOS at final states only, padding ids, forced text, fork/rollback, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specstruct.constraints import choice_regex, compile_constraint, json_regex
+from specstruct.errors import ConstraintError
+from specstruct.interfaces import ConstraintSpec
+
+VOCAB = 408  # tiny_model pads the LM head beyond len(tokenizer) == 400
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def make(tok, kind, source, vocab=VOCAB, eos=None):
+    mode = "json" if kind == "json" else kind
+    src = json.dumps(source) if kind in ("json", "choice") and not isinstance(source, str) else source
+    return compile_constraint(ConstraintSpec(kind, src, mode), tok, vocab_size=vocab,
+                              eos_token_ids=eos or [tok.eos_token_id])
+
+
+def ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def walk_masks(c, tok, token_ids):
+    """(mask, is_final) at every prefix of token_ids, advancing c."""
+    out = []
+    for t in token_ids:
+        out.append((c.mask().clone(), c.is_final()))
+        assert c.advance([t]) == 1
+    out.append((c.mask().clone(), c.is_final()))
+    return out
+
+
+def test_json_accepts_json_dumps_form_and_rejects_others(tok):
+    c = make(tok, "json", PERSON)
+    assert c.accepts(json.dumps({"name": "Ada Lovelace", "age": 36}))
+    assert c.accepts(json.dumps({"name": "Zoë ☃", "age": -1}, ensure_ascii=False))
+    assert not c.accepts('{"name": "Ada"}')                  # missing required key
+    assert not c.accepts('{"age": 36, "name": "Ada"}')       # schema order is the canonical order
+    assert not c.accepts('{"name": "Ada", "age": 36.5}')     # not an integer
+    assert not c.accepts('{"name": "Ada", "age": 36')        # incomplete: not final
+
+
+def test_eos_only_at_final_states_and_padding_never_legal(tok):
+    c = make(tok, "json", PERSON)
+    eos = tok.eos_token_id
+    specials = [i for i, t in tok.added_tokens_decoder.items() if t.special and i != eos]
+    text = json.dumps({"name": "Ada", "age": 36})
+    for mask, final in walk_masks(c, tok, ids(tok, text)):
+        assert mask.shape == (VOCAB,) and mask.dtype == torch.bool
+        assert bool(mask[eos]) == final
+        assert not mask[len(tok):].any(), "LM-head padding ids must never be legal"
+        assert not mask[specials].any(), "special tokens other than EOS must never be legal"
+    assert c.is_final() and c.advance([eos]) == 1
+    assert c.mask().nonzero().flatten().tolist() == [eos]  # after EOS only EOS stays legal
+
+
+def test_all_eos_ids_are_legal_exactly_at_final(tok):
+    pad = tok.pad_token_id  # use a second id as an extra EOS, as models with two EOS tokens do
+    c = make(tok, "regex", "[0-9]+", eos=[tok.eos_token_id, pad])
+    assert not c.mask()[[tok.eos_token_id, pad]].any()
+    assert c.advance([pad]) == 0
+    c.advance(ids(tok, "42"))
+    assert c.mask()[[tok.eos_token_id, pad]].all()
+    assert c.advance([pad]) == 1 and c.is_final()
+
+
+def test_forced_text_spans_json_punctuation_and_keys(tok):
+    c = make(tok, "json", PERSON)
+    assert c.forced_text() == '{"name": "'
+    c.advance(ids(tok, '{"name": "Ada'))
+    assert c.forced_text() == ""                      # inside a free string: a choice
+    c.advance(ids(tok, '"'))
+    assert c.forced_text() == ', "age": '
+    c.advance(ids(tok, ', "age": 7}'))
+    assert c.is_final() and c.forced_text() == ""
+
+
+def test_forced_text_stops_before_an_incomplete_character(tok):
+    c = make(tok, "regex", "é[ab]")
+    assert c.forced_text() == "é"
+    c2 = make(tok, "choice", ["é1", "é2"])
+    assert c2.forced_text() == "é"
+
+
+def test_advance_stops_at_first_illegal_token(tok):
+    c = make(tok, "regex", "ab[0-9]")
+    toks = ids(tok, "a") + ids(tok, "b") + ids(tok, "x") + ids(tok, "1")
+    assert c.advance(toks) == 2
+    assert c.advance([VOCAB - 1]) == 0  # a padding id is never consumed
+
+
+def test_rollback_restores_state_and_rejects_overshoot(tok):
+    c = make(tok, "json", PERSON)
+    before = c.mask().clone()
+    n = c.advance(ids(tok, '{"name": "A'))
+    c.rollback(n)
+    assert torch.equal(c.mask(), before) and c.forced_text() == '{"name": "'
+    with pytest.raises(ValueError):
+        c.rollback(1)
+
+
+def test_fork_is_independent(tok):
+    c = make(tok, "json", PERSON)
+    c.advance(ids(tok, '{"name": '))
+    f = c.fork()
+    f.advance(ids(tok, '"Bob", "age": 1}'))
+    assert f.is_final() and not c.is_final()
+    assert c.forced_text() == '"'
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, VOCAB - 1), max_size=12), st.integers(0, 12))
+def test_advance_then_rollback_restores_the_mask(tokens, split):
+    from specstruct.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    for c in (make(tok, "json", PERSON), make(tok, "grammar", 'start: "x" /[a-z]+/ "!"'), make(tok, "text", None)):
+        prefix = ids(tok, '{"name": "')[: split % 4] if c.mode == "json" else []
+        c.advance(prefix)
+        before, final, forced = c.mask().clone(), c.is_final(), c.forced_text()
+        n = c.advance(tokens)
+        assert 0 <= n <= len(tokens)
+        c.rollback(n)
+        assert torch.equal(c.mask(), before) and c.is_final() == final and c.forced_text() == forced
+
+
+def test_choice_and_regex(tok):
+    c = make(tok, "choice", ["yes", "no", "a.b (c)"])
+    assert c.accepts("yes") and c.accepts("a.b (c)")
+    assert not c.accepts("ye") and not c.accepts("axb (c)") and not c.accepts("yesno")
+    r = make(tok, "regex", r"\d{3}-[a-z]+")
+    assert r.accepts("123-abc") and not r.accepts("12-abc")
+    assert choice_regex(["a b", "c-d"]) == r"(a b|c\-d)"
+
+
+def test_grammar_constraint(tok):
+    g = make(tok, "grammar", 'start: "SELECT " COL " FROM " NAME\nCOL: /[a-z]+/\nNAME: /[a-z]+/')
+    assert g.forced_text() == "SELECT "
+    assert g.accepts("SELECT name FROM people") and not g.accepts("SELECT name")
+    mask = g.mask()
+    assert not mask[tok.eos_token_id] and not mask[len(tok):].any()
+    g.advance(ids(tok, "SELECT a FROM b"))
+    assert g.is_final() and g.mask()[tok.eos_token_id]
+    f = g.fork()
+    assert f.advance([tok.eos_token_id]) == 1 and g.advance(ids(tok, "c")) == 1
+
+
+def test_free_text_allows_every_real_token_and_eos(tok):
+    c = make(tok, "code", None)
+    m = c.mask()
+    special = [i for i, t in tok.added_tokens_decoder.items() if t.special]
+    assert m[tok.eos_token_id] and not m[len(tok):].any()
+    assert int(m.sum()) == len(tok) - len(special) + 1
+    assert c.is_final() and c.forced_text() == "" and c.accepts("def f():\n    return 1\n")
+
+
+def test_json_regex_is_json_dumps_spacing():
+    rx = json_regex({"type": "array", "items": {"type": "integer"}, "maxItems": 3})
+    import re
+
+    assert re.fullmatch(rx, json.dumps([1, 2, 3])) and not re.fullmatch(rx, "[1,2]")
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("a(b", "unclosed group"),
+    ("[z-a]", "invalid character class range"),
+    ("(?=a)b", "look-around"),
+])
+def test_bad_regex_names_regex_and_position(tok, source, needle):
+    with pytest.raises(ConstraintError) as e:
+        make(tok, "regex", source)
+    assert source in str(e.value) and needle in str(e.value) and "^" in str(e.value)
+
+
+@pytest.mark.parametrize("schema, keyword, path", [
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not", "#/properties/a"),
+    ({"type": "integer", "minimum": 0}, "minimum", "#"),
+    ({"type": "number", "multipleOf": 2}, "multipleOf", "#"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "#"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "if": {}, "then": {}}, "if", "#"),
+    ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "patternProperties", "#"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf", "#"),
+    ({"$ref": "#/$defs/a", "maxLength": 2, "$defs": {"a": {"type": "string"}}}, "maxLength", "#"),
+    ({"type": "string", "pattern": ".*"}, "pattern", "#"),
+])
+def test_unsupported_keyword_names_keyword_and_path(tok, schema, keyword, path):
+    with pytest.raises(ConstraintError) as e:
+        make(tok, "json", schema)
+    assert f"unsupported JSON-schema keyword '{keyword}' at {path}:" in str(e.value)
+
+
+def test_annotations_are_fine_and_anyof_siblings_are_distributed(tok):
+    schema = {"title": "T", "description": "d", "$schema": "https://json-schema.org/draft/2020-12/schema",
+              "type": "object", "properties": {"a": {"type": "string", "default": "x", "examples": ["y"]}},
+              "required": ["a"]}
+    assert make(tok, "json", schema).accepts('{"a": "z"}')
+    c = make(tok, "json", {"type": "string", "anyOf": [{"format": "date"}, {"maxLength": 2}]})
+    assert c.accepts('"2024-01-31"') and c.accepts('"ab"') and not c.accepts('"abc"')
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": []},
+    {"type": "string", "minLength": 5, "maxLength": 2},
+    {"type": "object", "properties": {"a": False}, "required": ["a"]},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
+])
+def test_unsatisfiable_schema_raises(tok, schema):
+    with pytest.raises(ConstraintError):
+        make(tok, "json", schema)
+
+
+def test_bad_grammar_raises_with_llguidance_message(tok):
+    with pytest.raises(ConstraintError, match="unknown name"):
+        make(tok, "grammar", "start: foo")
+
+
+def test_compiled_programs_are_cached_and_masks_shared(tok):
+    a, b = make(tok, "json", PERSON), make(tok, "json", PERSON)
+    assert a._p is b._p and a.mask() is b.mask()  # same per-state cached tensor
+
+
+def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
+    import specstruct.constraints as C
+    import specstruct.token_table as T
+
+    monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
+    schema = {"type": "object", "properties": {"zz": {"type": "boolean"}}, "required": ["zz"]}
+    first = make(tok, "json", schema)
+    files = list((tmp_path / "constraints").rglob("*.index"))
+    assert len(files) == 1 and list((tmp_path / "constraints").rglob("table.pkl"))
+    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
+    second = make(tok, "json", schema)  # loaded from disk
+    assert second._p is not first._p and second.accepts('{"zz": true}') and not second.accepts('{"zz": 1}')
+
+
+@pytest.mark.parametrize("kind, source, text", [
+    ("regex", r"[0-9]+(\.[0-9]+)?", "3.25"),
+    ("regex", "a(bc)?", "abc"),
+    ("regex", "a(bc)?", "a"),
+    ("choice", ["yes", "yes please"], "yes please"),
+    ("choice", ["yes", "yes please"], "yes"),
+    ("json", {"type": "number"}, "-1.5e+20"),
+    ("json", {"enum": [1, 1.5]}, "1.5"),
+])
+def test_continuation_after_a_possible_end_is_kept(tok, kind, source, text):
+    """outlines_core 0.2.14 drops multi-byte continuations out of states where the regex may end; the
+    NUL terminator keeps them (see constraints.py)."""
+    c = make(tok, kind, source)
+    assert c.accepts(text)
+
+
+def test_user_regex_cannot_escape_its_group(tok):
+    with pytest.raises(ConstraintError, match="unopened group"):
+        make(tok, "regex", "a)|(?:b")

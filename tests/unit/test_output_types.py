@@ -1,0 +1,144 @@
+"""Output types: each resolves to the right mode/spec, compiles, and parses its own canonical text back."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Literal, Optional, TypedDict
+
+import pydantic
+import pytest
+from pydantic import BaseModel, Field
+
+from specstruct.constraints import compile_constraint
+from specstruct.errors import ConstraintError
+from specstruct.output_types import Choice, Code, Grammar, Regex, parse_code, resolve
+
+
+class Address(BaseModel):
+    city: str
+    country: str
+
+
+class Person(BaseModel):
+    name: str
+    age: int = Field(ge=0, description="years")
+    email: Optional[str] = None
+    address: Address | None = None
+    tags: list[str] = []
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Movie(TypedDict):
+    title: str
+    year: int
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+    label: str = ""
+
+
+def compiled(tok, out):
+    return compile_constraint(out.spec, tok, vocab_size=408, eos_token_ids=[tok.eos_token_id])
+
+
+# (output type, mode, canonical text, expected value)
+CASES = [
+    (None, "text", "anything at all", "anything at all"),
+    (str, "text", "hi", "hi"),
+    (Person, "json", json.dumps({"name": "Ada", "age": 36, "email": None, "address": {"city": "London",
+     "country": "UK"}, "tags": ["math"]}), Person(name="Ada", age=36, address=Address(city="London", country="UK"),
+                                               tags=["math"])),
+    (list[Address], "json", json.dumps([{"city": "Paris", "country": "France"}]),
+     [Address(city="Paris", country="France")]),
+    (Movie, "json", json.dumps({"title": "Alien", "year": 1979}), {"title": "Alien", "year": 1979}),
+    (Point, "json", json.dumps({"x": 1.5, "y": -2.0}), Point(1.5, -2.0)),
+    (int, "json", "42", 42),
+    (float, "json", "3.25", 3.25),
+    (bool, "json", "true", True),
+    (Literal["positive", "negative"], "choice", "negative", "negative"),
+    (Literal[1, 2], "json", "2", 2),
+    (Color, "choice", "green", Color.GREEN),
+    (Level, "json", "2", Level.HIGH),
+    ({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, "json", '{"n": 5}', {"n": 5}),
+    (Regex(r"[0-9]{4}-[0-9]{2}"), "regex", "2024-01", "2024-01"),
+    (Choice(["yes", "no"]), "choice", "yes", "yes"),
+    (Grammar('start: "ok " NUM\nNUM: /[0-9]+/'), "grammar", "ok 12", "ok 12"),
+    (Code("python"), "code", "def f():\n    return 1\n", "def f():\n    return 1\n"),
+]
+
+
+@pytest.mark.parametrize("output_type, mode, text, value", CASES, ids=[str(c[0])[:40] for c in CASES])
+def test_every_output_type_resolves_compiles_accepts_and_parses(tok, output_type, mode, text, value):
+    out = resolve(output_type)
+    assert out.mode == mode == out.spec.mode
+    assert out.parse(text) == value
+    constraint = compiled(tok, out)
+    assert constraint.mode == mode
+    assert constraint.accepts(text), f"the automaton must accept the canonical text {text!r}"
+    if mode not in ("text", "code"):
+        assert out.instruction  # the model is told what to write
+    if mode == "json":
+        assert out.json_schema is not None
+
+
+def test_pydantic_bounds_are_validated_after_generation_not_compiled(tok):
+    out = resolve(Person)
+    assert "minimum" not in out.spec.source and out.json_schema["properties"]["age"]["minimum"] == 0
+    assert compiled(tok, out).accepts(json.dumps({"name": "Ada", "age": -1}))  # structure only ...
+    with pytest.raises(pydantic.ValidationError):                            # ... the bound is Pydantic's
+        out.parse('{"name": "Ada", "age": -1}')
+
+
+def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
+    out = resolve({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    with pytest.raises(ValueError, match="required"):
+        out.parse("{}")
+    with pytest.raises(ValueError):
+        out.parse("{not json")
+    with pytest.raises(ConstraintError, match="'minimum'"):
+        compiled(tok, resolve({"type": "integer", "minimum": 0}))
+    with pytest.raises(ConstraintError, match="invalid JSON schema"):
+        resolve({"type": 12})
+
+
+def test_choice_parse_rejects_other_text():
+    with pytest.raises(ValueError):
+        resolve(Choice(["a", "b"])).parse("c")
+    with pytest.raises(ValueError):
+        resolve(Color).parse("blue")
+    with pytest.raises(ConstraintError):
+        resolve(Choice([]))
+
+
+def test_code_strips_fence_and_checks_python():
+    assert parse_code("```python\nx = 1\n```") == "x = 1"
+    assert parse_code("```\nprint(2)\n```\n") == "print(2)"
+    with pytest.raises(SyntaxError):
+        resolve(Code("python")).parse("def broken(:\n")
+    assert resolve(Code("sql")).parse("SELECT 1 FROM") == "SELECT 1 FROM"  # only Python is parsed
+
+
+@pytest.mark.parametrize("bad", [object(), 3, Person(name="a", age=1), lambda: 1])
+def test_unsupported_output_types_raise(bad):
+    with pytest.raises(ConstraintError, match="unsupported output type"):
+        resolve(bad)
+
+
+def test_markers_are_plain_values():
+    assert Choice(["a", "b"]) == Choice(("a", "b")) and hash(Choice(["a"])) == hash(Choice(("a",)))
+    assert Regex("x") == Regex("x") and Code().language == "python"
+    assert Grammar("start: x").lark == "start: x"
