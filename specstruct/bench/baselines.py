@@ -251,7 +251,9 @@ class OutlinesSide(_ExternalSide):
         import outlines
 
         super().__init__(engine, settings, stock)
+        padding = self.tokenizer.padding_side
         self.outlines_model = outlines.from_transformers(self.model, self.tokenizer)
+        self.tokenizer.padding_side = padding  # outlines sets "left" on the shared tokenizer; batch 1 needs none
         self._generated: list[int] = []
         inner = self.outlines_model._generate_output_seq
 

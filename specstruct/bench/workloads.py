@@ -65,8 +65,8 @@ def find_jsonschemabench() -> Path:
     to the repository (the layout of this project's workspace)."""
     env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
     repo = Path(__file__).resolve().parents[2]
-    candidates = [Path(env)] if env else []
-    candidates += [repo.parent / "shared" / "data" / "jsonschemabench", Path.cwd().parent / "shared" / "data" / "jsonschemabench"]
+    candidates = [Path(env)] if env else [repo.parent / "shared" / "data" / "jsonschemabench",
+                                          Path.cwd().parent / "shared" / "data" / "jsonschemabench"]
     for path in candidates:
         if path.is_dir():
             return path
