@@ -64,8 +64,8 @@ class AdaptivePolicy:
     def _limit(self, mode: Mode, name: str, cap: int) -> int:
         key = (mode, name)
         k = self.k.setdefault(key, max(0, min(self.config.initial_candidates, cap)))
-        if name != "model" or k == 0:
-            return k
+        if name != "model" or k == 0 or not self.costs_measured():
+            return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
         best = self.best_k(mode, k)
         if best == 0:
             self.idle_steps[key] += 1
@@ -86,15 +86,27 @@ class AdaptivePolicy:
                 best, best_rate = k, rate
         return best
 
+    def t1(self) -> float | None:
+        """Seconds of a one-token target pass: measured, or inferred from the narrowest measured pass."""
+        if 1 in self.target_cost:
+            return self.target_cost[1]
+        if not self.target_cost:
+            return None
+        rows = min(self.target_cost)
+        return self.target_cost[rows] / (1.0 + PRIOR_VERIFY_SLOPE * (rows - 1))
+
     def verify_ratio(self, rows: int) -> float:
         """T(rows) / T(1), measured where possible, else from the prior slope."""
-        t1 = self.target_cost.get(1)
+        t1 = self.t1()
         if t1 and rows in self.target_cost:
             return self.target_cost[rows] / t1
         return 1.0 + PRIOR_VERIFY_SLOPE * (rows - 1)
 
+    def costs_measured(self) -> bool:
+        return bool(self.target_cost) and self.draft_cost is not None
+
     def cost_ratio(self) -> float:
-        t1 = self.target_cost.get(1)
+        t1 = self.t1()
         if t1 and self.draft_cost is not None:
             return self.draft_cost / t1
         return PRIOR_DRAFT_COST

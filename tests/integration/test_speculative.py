@@ -1,0 +1,150 @@
+"""Losslessness of speculative decoding on tiny random models over a real byte-level BPE tokenizer.
+
+Greedy: speculative output == target-only output, token for token, for many prompts, output types and drafts
+(one that mostly agrees, one that disagrees often, and no draft model at all). Sampling: the distribution of
+outputs matches target-only constrained sampling (chi-square). Rollback: after every step the target cache and
+the constraint state equal those of a run that never drafted."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+from specstruct.config import SpecConfig
+from specstruct.constraints import compile_constraint
+from specstruct.engine import Engine
+from specstruct.interfaces import ConstraintSpec
+from specstruct.runtime import ModelRuntime
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["math", "code", "poetry"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+SPECS = {
+    "json": ConstraintSpec("json", json.dumps(PERSON), "json"),
+    "regex": ConstraintSpec("regex", r"(19|20)\d\d-(0[1-9]|1[0-2])-[0-2]\d", "regex"),
+    "choice": ConstraintSpec("choice", json.dumps(["positive", "negative", "neutral"]), "choice"),
+    "grammar": ConstraintSpec("grammar", 'start: "SELECT " COLS " FROM " NAME ";"\nCOLS: NAME (", " NAME)*\nNAME: /[a-z]{1,8}/', "grammar"),
+    "text": ConstraintSpec("text", None, "text"),
+    "code": ConstraintSpec("code", None, "code"),
+}
+PROMPTS = [
+    "Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON.",
+    '{"name": "Ada Lovelace", "age": 36, "tags": ["math", "code"]} Copy this JSON exactly:',
+    "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i)\n",
+    "SELECT name, age FROM people WHERE age > 30 ORDER BY name;",
+]
+
+
+def _engine(tok, target, draft):
+    return Engine(ModelRuntime(target), tok, [tok.eos_token_id],
+                  draft=ModelRuntime(draft) if draft is not None else None)
+
+
+def _compile(tok, eng, kind):
+    return compile_constraint(SPECS[kind], tok, vocab_size=eng.target.vocab_size, eos_token_ids=[tok.eos_token_id])
+
+
+def _decode(eng, tok, prompt, constraint, **cfg):
+    ids = tok.encode(prompt, add_special_tokens=False)
+    return eng.decode(ids, constraint.fork(), SpecConfig(**cfg)).run()
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+@pytest.mark.parametrize("draft_kind", ["close", "far", "none"])
+def test_greedy_speculative_equals_target_only(tok, target, close_draft, far_draft, kind, draft_kind):
+    draft = {"close": close_draft, "far": far_draft, "none": None}[draft_kind]
+    eng = _engine(tok, target, draft)
+    constraint = _compile(tok, eng, kind)
+    drafted = 0
+    for prompt in PROMPTS:
+        base = _decode(eng, tok, prompt, constraint, enable_speculative=False, max_new_tokens=48)
+        spec = _decode(eng, tok, prompt, constraint, enable_speculative=True, max_new_tokens=48)
+        assert spec.token_ids == base.token_ids, (kind, draft_kind, prompt)
+        assert spec.finish_reason == base.finish_reason
+        assert base.stats.target_forwards >= spec.stats.target_forwards
+        drafted += spec.stats.drafted
+    assert drafted > 0  # speculation really ran
+
+
+def test_speculation_saves_target_passes_on_structured_output(tok, target, close_draft):
+    eng = _engine(tok, target, close_draft)
+    constraint = _compile(tok, eng, "json")
+    base = _decode(eng, tok, PROMPTS[1], constraint, enable_speculative=False, max_new_tokens=64)
+    spec = _decode(eng, tok, PROMPTS[1], constraint, enable_speculative=True, max_new_tokens=64)
+    assert spec.token_ids == base.token_ids
+    assert spec.stats.target_forwards < base.stats.target_forwards
+    assert spec.stats.per_drafter["forced"].accepted > 0  # JSON punctuation and keys came for free
+
+
+@pytest.mark.parametrize("drafters", [
+    dict(use_draft_model=True, use_forced_text=False, use_prompt_lookup=False),
+    dict(use_draft_model=False, use_forced_text=True, use_prompt_lookup=False),
+    dict(use_draft_model=False, use_forced_text=False, use_prompt_lookup=True),
+], ids=["model-only", "forced-only", "lookup-only"])
+def test_each_drafter_alone_is_lossless(tok, target, close_draft, drafters):
+    eng = _engine(tok, target, close_draft)
+    constraint = _compile(tok, eng, "json")
+    for prompt in PROMPTS[:2]:
+        base = _decode(eng, tok, prompt, constraint, enable_speculative=False, max_new_tokens=40)
+        spec = _decode(eng, tok, prompt, constraint, max_new_tokens=40, **drafters)
+        assert spec.token_ids == base.token_ids
+        assert set(spec.stats.per_drafter) <= {"model", "forced", "lookup"}
+
+
+def _snapshots(eng, tok, prompt, constraint, **cfg):
+    """(committed length) -> (cache keys of layer 0, constraint mask, forced text) after every step."""
+    ids = tok.encode(prompt, add_special_tokens=False)
+    dec = eng.decode(ids, constraint.fork(), SpecConfig(**cfg))
+    snaps = {}
+    for _ in dec:
+        rt = eng.target
+        keys = rt.cache.layers[0].keys[0, :, : rt.length].clone()
+        c = dec.constraint
+        snaps[len(dec.token_ids)] = (rt.length - len(ids), keys, c.mask().clone(), c.forced_text(), c.is_final())
+    return snaps
+
+
+def test_rollback_leaves_cache_and_constraint_as_if_never_drafted(tok, target, far_draft):
+    eng = _engine(tok, target, far_draft)  # a draft that is often wrong: many rollbacks
+    constraint = _compile(tok, eng, "json")
+    base = _snapshots(eng, tok, PROMPTS[0], constraint, enable_speculative=False, max_new_tokens=40)
+    spec = _snapshots(eng, tok, PROMPTS[0], constraint, enable_speculative=True, max_new_tokens=40)
+    assert set(spec) <= set(base) and len(spec) > 3
+    for n, (cached, keys, mask, forced, final) in spec.items():
+        b_cached, b_keys, b_mask, b_forced, b_final = base[n]
+        common = min(cached, b_cached)
+        assert torch.equal(keys[:, : keys.shape[1] - cached + common], b_keys[:, : b_keys.shape[1] - b_cached + common])
+        assert torch.equal(mask, b_mask) and forced == b_forced and final == b_final
+
+
+def _sample_outputs(eng, tok, constraint, n, seed0, **cfg):
+    out = []
+    for s in range(n):
+        dec = _decode(eng, tok, PROMPTS[0], constraint, temperature=1.0, seed=seed0 + s, max_new_tokens=8, **cfg)
+        out.append(tok.decode(dec.token_ids))
+    return out
+
+
+@pytest.mark.slow
+def test_speculative_sampling_matches_target_only_sampling(tok, target, far_draft):
+    """Two-sample chi-square over the outputs of a small choice grammar at temperature 1."""
+    eng = _engine(tok, target, far_draft)
+    constraint = _compile(tok, eng, "choice")
+    n = 400
+    base = _sample_outputs(eng, tok, constraint, n, 0, enable_speculative=False)
+    spec = _sample_outputs(eng, tok, constraint, n, 10_000, enable_speculative=True)
+    labels = sorted(set(base) | set(spec))
+    table = np.array([[base.count(x) for x in labels], [spec.count(x) for x in labels]])
+    assert len(labels) >= 2
+    assert chi2_contingency(table).pvalue > 1e-3
