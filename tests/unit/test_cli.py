@@ -4,6 +4,7 @@ output validity per output option, and every documented exit code."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import types
@@ -17,6 +18,7 @@ from specstruct import cli, models
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 runner = CliRunner()
+_REAL_HOME = os.environ.get("SPECSTRUCT_HOME")  # captured before the autouse fixture empties it
 
 # Bounded so that even a random-weight model finishes well within the token budget.
 SCHEMA = {
@@ -225,3 +227,24 @@ def test_bench_is_mounted_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "specstruct.bench.cli", None)  # import fails
     result = invoke("bench")
     assert result.exit_code == cli.EXIT_OTHER and "benchmark is not available" in result.stderr
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not models.models_available(), reason=f"real models not pulled; run: {models.pull_command()}")
+def test_real_extract_with_the_default_pair(monkeypatch, schema_file, tmp_path):
+    """The whole path on the real models: registry name -> converted folder -> paired draft -> typed JSON."""
+    if _REAL_HOME:
+        monkeypatch.setenv("SPECSTRUCT_HOME", _REAL_HOME)
+    else:
+        monkeypatch.delenv("SPECSTRUCT_HOME")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(schema))
+    result = invoke("extract", "--schema", str(path), "--text", "-", "-n", "40", "--stats",
+                    input="Ada Lovelace was 36 years old when she died.")
+    assert result.exit_code == 0, result.stderr
+    value = json.loads(result.stdout)
+    jsonschema.validate(value, schema)
+    assert "Ada" in value["name"] and value["age"] == 36
+    assert re.search(r"model\s*│\s*\d+", result.stderr)  # the paired draft has a per-drafter row
