@@ -47,6 +47,7 @@ class ModelSpec:
     part_size: int  # every part but the last has this size
     size: int  # assembled GGUF size in bytes
     sha256: str  # of the assembled GGUF
+    converted_size: int = 0  # bytes of the float32 safetensors that pull() writes (measured)
     default_draft: str | None = None
 
     def part_module(self, n: int) -> str:
@@ -77,6 +78,7 @@ REGISTRY: dict[str, ModelSpec] = {
         part_size=52_428_800,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        converted_size=7_108_390_424,
         default_draft="qwen2.5-coder-0.5b",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
@@ -88,6 +90,7 @@ REGISTRY: dict[str, ModelSpec] = {
         part_size=89_128_960,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        converted_size=2_520_702_368,
     ),
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -244,6 +247,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     if (final / MARKER).is_file() and not force:
         return final
     find_parts(name)  # fail fast, before any work, when packages are missing
+    _check_disk(spec, final.parent)
     staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     t0 = time.perf_counter()
@@ -254,12 +258,26 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
         info = {"name": name, "hub_id": spec.hub_id, "gguf_sha256": spec.sha256,
                 "converted_s": round(time.perf_counter() - t0, 1), "dtype": "float32"}
         (staging / "model" / MARKER).write_text(json.dumps(info, indent=2))
+        if (final / MARKER).is_file() and not force:
+            return final  # another process finished the same pull meanwhile: keep its folder
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging / "model", final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _check_disk(spec: ModelSpec, root: Path) -> None:
+    """Refuse early, with the numbers, when the cache's disk cannot hold the GGUF plus the converted folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    need = spec.size + spec.converted_size
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise OSError(
+            f"pulling {spec.name!r} needs about {need / 1e9:.1f} GB free in {root} but only {free / 1e9:.1f} GB are "
+            "free. Fix: free some space, or set SPECSTRUCT_HOME to a folder on a larger disk"
+        )
 
 
 # ---------------------------------------------------------------- resolve and load

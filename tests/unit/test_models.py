@@ -116,6 +116,33 @@ def test_pull_converts_once_and_cleans_up(fake_model, home, monkeypatch):
     assert len(calls) == 2
 
 
+def test_concurrent_pull_keeps_the_first_finished_folder(fake_model, home, monkeypatch):
+    def convert_while_another_process_finishes(gguf, out_dir, progress=True):
+        other = models.model_dir("fake")
+        other.mkdir(parents=True)
+        (other / "config.json").write_text('{"by": "other"}')
+        (other / models.MARKER).write_text("{}")
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text('{"by": "me"}')
+        return out_dir
+
+    monkeypatch.setattr(models, "convert_gguf", convert_while_another_process_finishes)
+    folder = models.pull("fake", progress=False)
+    assert (folder / "config.json").read_text() == '{"by": "other"}'
+    assert sorted(p.name for p in home.iterdir()) == ["fake"]
+
+
+def test_pull_refuses_when_the_disk_is_too_small(fake_model, home, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 99, 1))
+    with pytest.raises(OSError, match="SPECSTRUCT_HOME"):
+        models.pull("fake", progress=False)
+    assert not models.is_pulled("fake")
+
+
 def test_failed_conversion_leaves_nothing_marked(fake_model, home, monkeypatch):
     def broken(gguf, out_dir, progress=True):
         out_dir.mkdir(parents=True)
