@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specstruct import models
+from specstruct import models, provisioning
 from specstruct.errors import IncompatibleDraftError, ModelNotFoundError
 from specstruct.testing import tiny_model, tiny_tokenizer
 
@@ -30,7 +30,8 @@ def fake_model(tmp_path, monkeypatch):
     for n, chunk in enumerate(chunks, 1):
         pkg = site / f"fakeparts_part{n}"
         (pkg / "data").mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
+        if n != 2:  # part 2 is a namespace package (no __init__.py): both layouts must be found
+            (pkg / "__init__.py").write_text("")
         (pkg / "data" / f"part{n:02d}.bin").write_bytes(chunk)
     monkeypatch.syspath_prepend(str(site))
     spec = models.ModelSpec(name="fake", hub_id="nobody/fake", role="draft", package="fakeparts-part",
@@ -54,7 +55,7 @@ def test_registry_sizes_are_consistent():
 
 
 def test_find_parts_in_order(fake_model):
-    paths = models.find_parts("fake")
+    paths = provisioning.find_parts("fake")
     assert [p.name for p in paths] == ["part01.bin", "part02.bin", "part03.bin"]
 
 
@@ -73,7 +74,7 @@ def test_missing_parts_name_the_install_command(home):
 
 def test_assemble_streams_and_verifies(fake_model, tmp_path):
     spec, payload = fake_model
-    out = models.assemble("fake", tmp_path / "out" / "fake.gguf", progress=False)
+    out = provisioning.assemble("fake", tmp_path / "out" / "fake.gguf", progress=False)
     assert out.read_bytes() == payload
 
 
@@ -83,7 +84,7 @@ def test_sha_mismatch_is_refused_and_file_removed(fake_model, tmp_path, monkeypa
     monkeypatch.setitem(models.REGISTRY, "fake", bad)
     dest = tmp_path / "fake.gguf"
     with pytest.raises(ModelNotFoundError) as err:
-        models.assemble("fake", dest, progress=False)
+        provisioning.assemble("fake", dest, progress=False)
     assert "ab" * 32 in str(err.value) and spec.sha256 in str(err.value) and "--force-reinstall" in str(err.value)
     assert not dest.exists()
 
@@ -92,7 +93,7 @@ def test_wrong_part_size_is_refused(fake_model, tmp_path, monkeypatch):
     spec, _ = fake_model
     monkeypatch.setitem(models.REGISTRY, "fake", models.ModelSpec(**{**spec.__dict__, "part_size": 4000}))
     with pytest.raises(ModelNotFoundError, match="expected 4000"):
-        models.assemble("fake", tmp_path / "x.gguf", progress=False)
+        provisioning.assemble("fake", tmp_path / "x.gguf", progress=False)
 
 
 def test_pull_converts_once_and_cleans_up(fake_model, home, monkeypatch):
@@ -104,7 +105,7 @@ def test_pull_converts_once_and_cleans_up(fake_model, home, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         return out_dir
 
-    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    monkeypatch.setattr(provisioning, "convert_gguf", fake_convert)
     assert not models.models_available("fake")
     folder = models.pull("fake", progress=False)
     assert folder == home / "fake" and (folder / models.MARKER).is_file() and (folder / "config.json").is_file()
@@ -126,7 +127,7 @@ def test_concurrent_pull_keeps_the_first_finished_folder(fake_model, home, monke
         (out_dir / "config.json").write_text('{"by": "me"}')
         return out_dir
 
-    monkeypatch.setattr(models, "convert_gguf", convert_while_another_process_finishes)
+    monkeypatch.setattr(provisioning, "convert_gguf", convert_while_another_process_finishes)
     folder = models.pull("fake", progress=False)
     assert (folder / "config.json").read_text() == '{"by": "other"}'
     assert sorted(p.name for p in home.iterdir()) == ["fake"]
@@ -148,7 +149,7 @@ def test_failed_conversion_leaves_nothing_marked(fake_model, home, monkeypatch):
         out_dir.mkdir(parents=True)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(models, "convert_gguf", broken)
+    monkeypatch.setattr(provisioning, "convert_gguf", broken)
     with pytest.raises(RuntimeError):
         models.pull("fake", progress=False)
     assert not models.is_pulled("fake") and (not home.exists() or list(home.iterdir()) == [])
