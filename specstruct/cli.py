@@ -6,24 +6,19 @@ Exit codes are part of the interface (see EXIT_CODES) so scripts can branch on t
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import sys
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import typer
 
-EXIT_OK, EXIT_OTHER, EXIT_USAGE, EXIT_CONSTRAINT, EXIT_MODEL_MISSING, EXIT_INCOMPLETE = 0, 1, 2, 3, 4, 5
-EXIT_CODES = """[bold]Exit codes[/bold]
+from specstruct.cli_support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
+                                    EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats,
+                                    read_text, load_schema, render_value, state)
 
-  0  ok
-  1  other error
-  2  usage: bad option or input file, incompatible draft, prompt too long
-  3  constraint error: the schema, regex or grammar cannot be compiled
-  4  model missing: run `specstruct pull` (or fix --model/--draft)
-  5  incomplete output or validation failure: raise --max-new-tokens"""
+__all__ = ["app", "main", "EXIT_OK", "EXIT_OTHER", "EXIT_USAGE", "EXIT_CONSTRAINT", "EXIT_MODEL_MISSING",
+           "EXIT_INCOMPLETE"]
 
 HELP = f"""Guaranteed structured output from local transformers models, made fast by grammar-aware
 speculative decoding.
@@ -47,113 +42,9 @@ speculative decoding.
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_enable=False,
                   add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
-_state = {"debug": False}
-
-
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
-    _state["debug"] = debug
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _exit_code(exc: BaseException) -> int:
-    from specstruct import errors as e
-
-    table = [
-        (e.ConstraintError, EXIT_CONSTRAINT),
-        (e.ModelNotFoundError, EXIT_MODEL_MISSING),
-        ((e.IncompleteOutputError, e.ValidationRetryError), EXIT_INCOMPLETE),
-        ((e.IncompatibleDraftError, e.PromptTooLongError), EXIT_USAGE),
-    ]
-    for kinds, code in table:
-        if isinstance(exc, kinds):
-            return code
-    return EXIT_OTHER
-
-
-@contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turn any exception into one `error: ...` line on stderr and the documented exit code."""
-    try:
-        yield
-    except (typer.Exit, typer.Abort, SystemExit):
-        raise
-    except KeyboardInterrupt:
-        raise _fail("interrupted", 130) from None
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary
-        if _state["debug"]:
-            raise
-        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-        if len(message) > 600:
-            message = message[:600] + " ..."
-        raise _fail(message, _exit_code(exc)) from None
-
-
-# ---------------------------------------------------------------- output types from options
-
-def _read_text(path: str, what: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    p = Path(path)
-    if not p.is_file():
-        raise _fail(f"{what} file {path!r} not found", EXIT_USAGE)
-    return p.read_text(encoding="utf-8")
-
-
-def _load_schema(path: str) -> dict[str, Any]:
-    try:
-        schema = json.loads(_read_text(path, "--schema"))
-    except json.JSONDecodeError as exc:
-        raise _fail(f"--schema {path}: not valid JSON ({exc})", EXIT_USAGE) from None
-    if not isinstance(schema, dict):
-        raise _fail(f"--schema {path}: a JSON schema must be an object, got {type(schema).__name__}", EXIT_USAGE)
-    return schema
-
-
-def _load_pydantic(ref: str) -> Any:
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise _fail(f"--pydantic expects module:Class (e.g. myapp.models:Person), got {ref!r}", EXIT_USAGE)
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise _fail(f"--pydantic {ref}: cannot import ({exc})", EXIT_USAGE) from None
-    return obj
-
-
-def output_type_from_options(schema: Optional[str], pydantic: Optional[str], regex: Optional[str],
-                             choice: Optional[str], grammar: Optional[str], code: Optional[str]) -> Any:
-    """Map the mutually exclusive output options to one output type (None = free text)."""
-    given = {k: v for k, v in dict(schema=schema, pydantic=pydantic, regex=regex, choice=choice,
-                                   grammar=grammar, code=code).items() if v is not None}
-    if len(given) > 1:
-        raise _fail(f"choose one output option, got {', '.join('--' + k for k in given)}", EXIT_USAGE)
-    if not given:
-        return None
-    import specstruct as ss
-
-    if schema is not None:
-        return _load_schema(schema)
-    if pydantic is not None:
-        return _load_pydantic(pydantic)
-    if regex is not None:
-        return ss.Regex(regex)
-    if choice is not None:
-        options = [c.strip() for c in choice.split(",") if c.strip()]
-        if not options:
-            raise _fail("--choice needs at least one option, e.g. --choice yes,no", EXIT_USAGE)
-        return ss.Choice(options)
-    if grammar is not None:
-        return ss.Grammar(_read_text(grammar, "--grammar"))
-    return ss.Code(code)
+    state["debug"] = debug
 
 
 # ---------------------------------------------------------------- engine and printing
@@ -166,7 +57,7 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
     hf_logging.disable_progress_bar()  # stderr stays for errors and --stats
     hf_logging.set_verbosity_error()
     if draft is not None and no_draft:
-        raise _fail("--draft and --no-draft exclude each other", EXIT_USAGE)
+        raise fail("--draft and --no-draft exclude each other", EXIT_USAGE)
     if draft is None and not no_draft and model in models.REGISTRY:
         draft = models.REGISTRY[model].default_draft
         if draft and not models.is_pulled(draft):
@@ -175,57 +66,6 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
             draft = None
     config = ss.SpecConfig(max_new_tokens=max_new_tokens) if max_new_tokens else None
     return ss.SpecStruct.from_pretrained(model, draft=None if no_draft else draft, config=config)
-
-
-def _to_jsonable(value: Any) -> Any:
-    from pydantic import BaseModel, TypeAdapter
-
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return TypeAdapter(Any).dump_python(value, mode="json")
-
-
-def render_value(result: Any) -> str:
-    """What goes to stdout: JSON for JSON-mode outputs, the text itself otherwise."""
-    mode = getattr(getattr(result, "stats", None), "mode", None)
-    if mode == "json":
-        return json.dumps(_to_jsonable(result.value), ensure_ascii=False)
-    return result.text
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump()
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
-    return dict(obj) if isinstance(obj, dict) else dict(vars(obj))
-
-
-def print_stats(stats: Any) -> None:
-    """Stats as rich tables on stderr: the totals, then per-drafter acceptance and the k histogram."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(stderr=True)
-    data = _fields(stats)
-    per_drafter, hist = data.pop("per_drafter", None) or {}, data.pop("k_histogram", None) or {}
-    table = Table(title="stats", show_header=False)
-    for key, value in data.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    console.print(table)
-    if per_drafter:
-        t = Table("drafter", "proposed", "accepted", "acceptance", title="per drafter")
-        for name, d in per_drafter.items():
-            d = _fields(d)
-            t.add_row(name, str(d.get("proposed")), str(d.get("accepted")), f"{d.get('acceptance_rate', 0):.2%}")
-        console.print(t)
-    if hist:
-        t = Table("k (candidates per step)", "steps", title="k histogram")
-        for k in sorted(hist):
-            t.add_row(str(k), str(hist[k]))
-        console.print(t)
 
 
 def _emit(engine: Any, prompt: Any, output_type: Any, stream: bool, stats: bool, **kw: Any) -> None:
@@ -269,7 +109,7 @@ def pull(name: Optional[str] = typer.Argument(None, help="Registry name; default
     """
     from specstruct import models
 
-    with _errors():
+    with errors():
         if list_:
             for reg_name, spec, pulled in models.iter_registry():
                 where = models.model_dir(reg_name) if pulled else "not pulled"
@@ -306,9 +146,9 @@ def generate(
 
       specstruct generate "Ada, 36" --pydantic myapp.models:Person --model ./my-model --no-draft
     """
-    with _errors():
+    with errors():
         output_type = output_type_from_options(schema, pydantic, regex, choice, grammar, code)
-        text = _read_text("-", "prompt") if prompt == "-" else prompt
+        text = read_text("-", "prompt") if prompt == "-" else prompt
         engine = _engine(model, draft, no_draft, max_new_tokens)
         _emit(engine, text, output_type, stream, stats, system=system, max_new_tokens=max_new_tokens,
               temperature=temperature, seed=seed)
@@ -329,9 +169,9 @@ def extract(
 
     Example:  cat email.txt | specstruct extract --schema invoice.json --text -
     """
-    with _errors():
-        schema_obj = _load_schema(schema)
-        body = _read_text(text, "--text")
+    with errors():
+        schema_obj = load_schema(schema)
+        body = read_text(text, "--text")
         engine = _engine(model, draft, no_draft, max_new_tokens)
         system = EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj))
         _emit(engine, f"Text:\n{body}", schema_obj, False, stats, system=system, max_new_tokens=max_new_tokens)
@@ -343,10 +183,10 @@ def bench(ctx: typer.Context) -> None:
     try:
         bench_cli = importlib.import_module("specstruct.bench.cli")
     except ImportError as exc:
-        raise _fail(f"the benchmark is not available ({exc}); install with pip install -e \".[bench]\"", EXIT_OTHER) from None
+        raise fail(f"the benchmark is not available ({exc}); install with pip install -e \".[bench]\"", EXIT_OTHER) from None
     bench_app = getattr(bench_cli, "app", None)
     if bench_app is None:
-        raise _fail("specstruct.bench.cli has no `app`", EXIT_OTHER)
+        raise fail("specstruct.bench.cli has no `app`", EXIT_OTHER)
     command = typer.main.get_command(bench_app) if isinstance(bench_app, typer.Typer) else bench_app
     command.main(args=list(ctx.args), prog_name="specstruct bench", standalone_mode=True)
 
