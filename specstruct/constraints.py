@@ -161,6 +161,8 @@ class _Base:
     _tokenizer: object
 
     def accepts(self, text: str) -> bool:
+        """Would `text`, tokenized as the engine tokenizes, complete the output from the current state?
+        (A fresh constraint: from the start.) Walks a fork, so this constraint does not move."""
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         probe = self.fork()
         return probe.advance(ids) == len(ids) and probe.is_final()

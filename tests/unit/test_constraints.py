@@ -264,3 +264,16 @@ def test_continuation_after_a_possible_end_is_kept(tok, kind, source, text):
 def test_user_regex_cannot_escape_its_group(tok):
     with pytest.raises(ConstraintError, match="unopened group"):
         make(tok, "regex", "a)|(?:b")
+
+
+def test_mask_cache_is_bounded(tok, monkeypatch):
+    import specstruct.constraints as C
+
+    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(C, "MASK_CACHE_BYTES", 0)  # floor: 8 cached masks per program
+    c = make(tok, "regex", "[a-z]{0,30}")
+    for t in ids(tok, "abcdefghijklmnopqrstuvwxyz"):
+        c.mask()
+        assert c.advance([t]) == 1
+    assert len(c._p._masks) <= c._p.max_masks == 8
+    assert c.mask()[tok.eos_token_id]  # still correct after evictions

@@ -1,0 +1,67 @@
+"""JSONSchemaBench conformance on a deterministic 300-schema sample (see docs/conformance.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specstruct import conformance
+
+SAMPLE, SEED = 300, 0
+COMPILED_FLOOR = 0.70     # measured 0.78 on this sample (0.7x on the full corpus, see docs)
+VALID_ACCEPTED_FLOOR = 0.92
+OVER_PERMISSIVE_CEILING = 0.05
+# Valid instances the automaton may reject, each for a documented, sound reason (docs/conformance.md):
+ALLOWED_REASONS = (
+    "undeclared property",   # only declared properties are generated
+    "pattern",               # JSON Schema `pattern` searches; outlines_core matches the whole string
+    "control character",     # outlines_core's string regex has no \\uXXXX escapes
+    "nesting depth",         # free-form JSON / recursive $ref are unrolled to a fixed depth
+)
+
+
+@pytest.fixture(scope="module")
+def records():
+    if conformance.corpus_dir() is None:
+        pytest.skip("JSONSchemaBench not found: set SPECSTRUCT_JSONSCHEMABENCH or provide ../shared/data/jsonschemabench")
+    return conformance.run(conformance.corpus_files(SAMPLE, SEED), timeout=20.0, progress=False)
+
+
+def test_every_schema_compiles_or_raises_constraint_error(records):
+    crashes = [(r["name"], r["error"]) for r in records if r["status"] == "crash"]
+    assert not crashes, f"non-ConstraintError failures: {crashes[:5]}"
+    assert len(records) == SAMPLE
+
+
+def test_compiled_fraction_above_floor(records):
+    summary = conformance.summarise(records)
+    assert summary["compiled"] / summary["schemas"] >= COMPILED_FLOOR, summary
+
+
+def test_valid_instances_are_accepted_except_documented_reasons(records):
+    compiled = [r for r in records if r["status"] == "compiled"]
+    valid = sum(r["valid"] for r in compiled)
+    accepted = sum(r["valid_accepted"] for r in compiled)
+    assert valid > 100 and accepted / valid >= VALID_ACCEPTED_FLOOR
+    unexplained = [(r["name"], x) for r in compiled for x in r["rejected_valid"]
+                   if not x["reason"].startswith(ALLOWED_REASONS)]
+    assert not unexplained, f"valid instances rejected for no documented reason: {unexplained[:3]}"
+
+
+def test_invalid_instances_are_mostly_rejected(records):
+    compiled = [r for r in records if r["status"] == "compiled"]
+    invalid = sum(r["invalid"] for r in compiled)
+    over = sum(len(r["over_permissive"]) for r in compiled)
+    assert invalid > 50 and over / invalid <= OVER_PERMISSIVE_CEILING
+
+
+def test_unsupported_schemas_name_the_keyword(records):
+    unsupported = [r for r in records if r["status"] == "unsupported"]
+    assert unsupported, "the sample holds schemas with keywords outlines_core cannot express"
+    named = [r for r in unsupported if "keyword '" in r["error"] or "outlines_core" in r["error"]
+             or "no value" in r["error"] or "`false`" in r["error"]]
+    assert len(named) == len(unsupported), [r["error"] for r in unsupported if r not in named][:3]
+
+
+def test_serialise_follows_schema_property_order():
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "number"}}}
+    assert conformance.serialise({"a": 1.0, "b": 2.0}, schema) == '{"b": 2, "a": 1.0}'
