@@ -39,7 +39,8 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
 
 def linear_numerics(model: Any) -> str:
     """Describe how `model`'s Linear layers compute right now: stock `torch.nn.Linear`, or patched
-    (a subclass, an instance-level forward, or forward hooks), plus the weight dtype."""
+    (a subclass, an instance-level forward, or forward hooks), plus the weight dtype and the attention
+    implementation transformers will call."""
     import torch
 
     stock, patched, kinds = 0, 0, set()
@@ -54,9 +55,11 @@ def linear_numerics(model: Any) -> str:
         else:
             stock += 1
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "default"
     if patched == 0:
-        return f"stock torch.nn.Linear ({dtype})"
-    return f"{patched} of {stock + patched} Linear layers patched ({', '.join(sorted(kinds))}; {dtype})"
+        return f"stock torch.nn.Linear ({dtype}), attention: {attention}"
+    return (f"{patched} of {stock + patched} Linear layers patched ({', '.join(sorted(kinds))}; {dtype}), "
+            f"attention: {attention}")
 
 
 def engine_numerics(engine: Any) -> str:
