@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config, items):
     available = models.models_available()
     skip = pytest.mark.skip(reason=f"real models not pulled; run: {models.pull_command()}")
     for item in items:
-        if _HERE in Path(str(item.fspath)).parents:
+        if _HERE in Path(item.path).parents:
             item.add_marker(pytest.mark.real)
         if not available and item.get_closest_marker("real"):
             item.add_marker(skip)
