@@ -79,6 +79,12 @@ class Decode:
         self.constraint = _Timed(constraint, self.stats)
         self.token_ids: list[int] = []
         self.finish_reason = "length"
+        if config.temperature > 0 and config.seed is not None:
+            # a seeded sample must not depend on timings or earlier requests: plan from this request alone
+            self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
+        else:
+            self.policy = engine.policy
+            self.policy.config = config
         self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
 
@@ -112,7 +118,7 @@ class Decode:
 
     def _draft(self, budget: int) -> tuple[list[int], list[torch.Tensor | None], list[tuple[str, int]]]:
         """Candidates from the planned drafters, in order, on a fork of the constraint."""
-        plan = self.engine.policy.plan(self.constraint.mode)
+        plan = self.policy.plan(self.constraint.mode)
         budget = min(budget, plan.k)
         fork = self.constraint.fork()
         context = self.prompt + self.token_ids
@@ -134,7 +140,7 @@ class Decode:
         drafter = self.engine.drafters.get("model")
         if drafter is not None and drafter.step_seconds:
             for s in drafter.step_seconds:
-                self.engine.policy.observe_cost("draft", 1, s)
+                self.policy.observe_cost("draft", 1, s)
             drafter.step_seconds.clear()
         return cands, qs, segments
 
@@ -146,14 +152,14 @@ class Decode:
             st = self.stats.per_drafter.setdefault(name, DrafterStats())
             st.proposed += count
             st.accepted += got
-            self.engine.policy.observe(self.constraint.mode, name, count, got)
+            self.policy.observe(self.constraint.mode, name, count, got)
             self.engine.drafters[name].observe(count, got)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
         cfg, rt, c, st = self.config, self.engine.target, self.constraint, self.stats
         eos = self.engine.eos
-        self.engine.policy.config = cfg
+        self.policy.config = cfg
         model_drafter = self.engine.drafters.get("model")
         if model_drafter is not None:
             model_drafter.reset(self.prompt, self.generator)
@@ -194,7 +200,7 @@ class Decode:
                 dt = time.perf_counter() - t0
                 st.verify_time_s += dt
                 st.target_forwards += 1
-                self.engine.policy.observe_cost("target", len(cands) + 1, dt)
+                self.policy.observe_cost("target", len(cands) + 1, dt)
                 if cfg.temperature > 0:
                     p = torch.stack([distribution(logits[i], masks[i], cfg.temperature, cfg.top_p)
                                      for i in range(len(cands) + 1)])

@@ -36,8 +36,9 @@ def _ema(old: float | None, new: float) -> float:
 class AdaptivePolicy:
     """Mode caps, acceptance-driven growth around `adaptive_threshold`, and a cost gate for the draft model."""
 
-    def __init__(self, config: SpecConfig, available: set[str]):
+    def __init__(self, config: SpecConfig, available: set[str], use_timing: bool = True):
         self.config = config
+        self.use_timing = use_timing  # False: plans depend only on acceptance, so seeded sampling reproduces
         self.available = [d for d in ORDER if d in available]
         self.k: dict[tuple[Mode, str], int] = {}
         self.rate: dict[tuple[Mode, str], float | None] = defaultdict(lambda: None)
@@ -130,6 +131,8 @@ class AdaptivePolicy:
         self.k[key] = k
 
     def observe_cost(self, kind: str, rows: int, seconds: float) -> None:
+        if not self.use_timing:
+            return
         if kind == "target":
             self.target_cost[rows] = _ema(self.target_cost.get(rows), seconds)
         elif kind == "draft":
