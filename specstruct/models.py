@@ -128,6 +128,7 @@ def models_available(*names: str) -> bool:
     names = names or (DEFAULT_TARGET, DEFAULT_DRAFT)
     return all(is_pulled(n) for n in names)
 
+
 def pull(name: str | None = None, progress: bool = True, force: bool = False) -> Path | list[Path]:
     """Make registry model `name` available offline and return its folder (None: the default target and
     draft, returning both folders). Idempotent: a finished conversion is reused; `force` converts again.
