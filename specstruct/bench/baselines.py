@@ -114,10 +114,14 @@ class SpecStructSide:
                                   temperature=s.temperature, top_p=s.top_p, seed=s.seed, config=self.config)
         except IncompleteOutputError as exc:  # max_new_tokens cut a structured output short: still a timing
             elapsed = time.perf_counter() - start
+            why = f"IncompleteOutputError: {str(exc).splitlines()[0][:200]}"
+            if getattr(exc, "stats", None) is not None:  # engines that attach their stats keep every figure
+                m = self._from_stats(exc.stats, exc.text, list(exc.token_ids), "length", elapsed)
+                m.error = why
+                return m
             n = len(exc.token_ids)
             return Measurement(self.name, exc.text, list(exc.token_ids), new_tokens=n, elapsed_s=elapsed,
-                               tokens_per_s=n / elapsed if elapsed > 0 else 0.0, finish_reason="length",
-                               error=f"IncompleteOutputError: {str(exc).splitlines()[0][:200]}")
+                               tokens_per_s=n / elapsed if elapsed > 0 else 0.0, finish_reason="length", error=why)
         except ValidationRetryError as exc:  # the text parsed badly; its stats are in the attempt
             elapsed = time.perf_counter() - start
             last = exc.attempts[-1]

