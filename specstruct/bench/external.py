@@ -58,15 +58,31 @@ def _generate_kwargs(tokenizer: Any, eos: list[int], s: Settings) -> dict[str, A
     return kwargs
 
 
+@contextmanager
+def count_forwards(model: Any) -> Iterator[list[int]]:
+    """Count the target's forward passes (prefill included, as specstruct's `target_forwards` does)."""
+    calls = [0]
+
+    def hook(*_: Any) -> None:
+        calls[0] += 1
+
+    handle = model.register_forward_pre_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
 def _measure_ids(name: str, tokenizer: Any, eos: list[int], prompt_len: int, out_ids: list[int], elapsed: float,
-                 one_forward_per_token: bool) -> Measurement:
+                 forwards: int) -> Measurement:
     """Batch size 1, so no padding: every returned id was generated (the final EOS included)."""
     new = [int(i) for i in out_ids]
     text = tokenizer.decode(new, skip_special_tokens=True)
     finish = "stop" if new and new[-1] in eos else "length"
     return Measurement(side=name, text=text, token_ids=new, prompt_tokens=prompt_len, new_tokens=len(new),
                        elapsed_s=elapsed, tokens_per_s=len(new) / elapsed if elapsed > 0 else 0.0,
-                       finish_reason=finish, target_forwards=len(new) if one_forward_per_token else None)
+                       finish_reason=finish, target_forwards=forwards,
+                       tokens_per_forward=len(new) / forwards if forwards else None)
 
 
 class _ExternalSide:
@@ -108,13 +124,13 @@ class HFSide(_ExternalSide):
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant
         torch.manual_seed(self.settings.seed)
-        with self._numerics_block(), torch.inference_mode():
+        with self._numerics_block(), torch.inference_mode(), count_forwards(self.model) as calls:
             start = time.perf_counter()
             out = self.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                       **kwargs)
             elapsed = time.perf_counter() - start
         return _measure_ids(self.name, self.tokenizer, self.eos, len(ids), out[0, len(ids):].tolist(), elapsed,
-                            one_forward_per_token=self.assistant is None)
+                            calls[0])
 
 
 class OutlinesSide(_ExternalSide):
@@ -163,9 +179,9 @@ class OutlinesSide(_ExternalSide):
         messages = prompt_messages(self.engine, workload)
         kwargs = _generate_kwargs(self.tokenizer, self.eos, self.settings)
         torch.manual_seed(self.settings.seed)
-        with self._numerics_block():
+        with self._numerics_block(), count_forwards(self.model) as calls:
             start = time.perf_counter()
             self._generators[workload.id](Chat(messages), **kwargs)
             elapsed = time.perf_counter() - start
         prompt_len = len(chat_ids(self.tokenizer, messages))
-        return _measure_ids(self.name, self.tokenizer, self.eos, prompt_len, self._generated, elapsed, True)
+        return _measure_ids(self.name, self.tokenizer, self.eos, prompt_len, self._generated, elapsed, calls[0])

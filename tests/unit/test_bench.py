@@ -96,6 +96,9 @@ def test_runner_end_to_end_records_every_side(results):
             assert MEASURE_KEYS <= set(m)
             assert m["new_tokens"] <= 12 and m["elapsed_s"] > 0
         spec, base = record["sides"]["specstruct"], record["sides"]["target-only"]
+        hf, assisted = record["sides"]["hf"], record["sides"]["hf-assisted"]
+        assert hf["target_forwards"] == hf["new_tokens"]  # plain generate: one pass per token (prefill's included)
+        assert 1 <= assisted["target_forwards"] <= assisted["new_tokens"]  # counted by a hook on the target
         if spec["token_ids"] and base["token_ids"]:  # greedy: the check compares token for token
             assert record["identical"] == (spec["token_ids"] == base["token_ids"])
         assert record["speedup"]["target-only"] == pytest.approx(spec["tokens_per_s"] / base["tokens_per_s"])
