@@ -75,7 +75,8 @@ def problems(results: dict[str, Any]) -> list[str]:
             continue
         for side in ("specstruct", "target-only"):
             if r["valid"].get(side) is False:
-                lines.append(f"{r['id']}: {side} output invalid: {r['validation_error'].get(side, '')[:160]}")
+                cut = " (cut short by max_new_tokens)" if r["sides"][side].get("finish_reason") == "length" else ""
+                lines.append(f"{r['id']}: {side} output invalid{cut}: {r['validation_error'].get(side, '')[:160]}")
         if r["identical"] is False:
             lines.append(f"{r['id']}: greedy specstruct output differs from target-only at token {r['first_mismatch']}")
         for side, err in r["errors"].items():

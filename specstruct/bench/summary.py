@@ -88,6 +88,7 @@ def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_forward": _median([m.get("tokens_per_forward") for m in spec]),
         "per_drafter": _pooled_drafters(spec),
         "valid": _count(done, "valid", SPEC),
+        "truncated": sorted(r["id"] for r in done if r["sides"][SPEC].get("finish_reason") == "length"),
         "valid_by_side": {s: _count(done, "valid", s) for s in sides},
         "identical": _count(done, "identical"),
     }
