@@ -96,7 +96,8 @@ def print_report(results: dict[str, Any], console: Any = None) -> None:
         console.print(drafter_table(results))
     console.print(f"models: target {meta['models']['target']}, draft {meta['models']['draft']} "
                   f"(weights {meta['models']['weights']}); machine: {meta['machine']['cpu']}, "
-                  f"{meta['machine']['torch_threads']} torch threads")
+                  f"{meta['machine']['torch_threads']} torch threads, load average {meta['machine'].get('load_average_1m')} "
+                  f"-> {meta['machine'].get('load_average_1m_end')} (above the core count means shared CPU: noisy)")
     for side, desc in meta["numerics"].items():
         console.print(f"numerics {side}: {desc}")
     for line in problems(results):

@@ -155,7 +155,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version()}
+            "platform": platform.platform(), "python": platform.python_version(),
+            "load_average_1m": round(os.getloadavg()[0], 2)}  # > cores: other work shared the CPU (noisy)
 
 
 def _versions() -> dict[str, str]:
@@ -182,6 +183,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     optional callable(completed, total, description) for progress display."""
     settings = settings or Settings()
     notes: list[str] = []
+    machine = machine_info()  # load average before the run; the one after goes next to it
     sides = build_sides(engine, baselines, settings, base_engine, notes, stock_baselines)
     _warm_up(sides, settings)
     fairness = check_fairness(sides)
@@ -202,7 +204,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     meta = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
-        "machine": machine_info(),
+        "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)},
         "versions": _versions(),
         "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),
                    "draft": getattr(getattr(engine, "draft_model", None), "name_or_path", None),
