@@ -20,7 +20,6 @@ from langchain_specstruct._base import SpecStructParams, aiter_in_thread, specul
 from langchain_specstruct._messages import to_chat_messages
 from langchain_specstruct._structured import structured_runnable
 from langchain_specstruct._tools import (
-    OPEN,
     ToolCallStreamer,
     parse_tool_calls,
     select_tools,
@@ -182,7 +181,9 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
     def _truncated_text(self, req: _Request, err: IncompleteOutputError) -> AIMessage:
         """With tools bound, a *text* reply cut by max_tokens is an ordinary "length" finish (the grammar only
         objects because the cut may split a character); a cut inside a tool call is a real error."""
-        if not req.tools or err.text.lstrip().startswith(OPEN[:2]) or req.output_type is None:
+        probe = ToolCallStreamer()
+        probe.feed(err.text)
+        if not req.tools or req.output_type is None or probe.mode != "text":
             raise err
         meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": "length"}
         return AIMessage(content=err.text, response_metadata=meta)
@@ -209,7 +210,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         except IncompleteOutputError as err:
             truncated = self._truncated_text(req, err)
         if truncated is not None:
-            last = AIMessageChunk(content=streamer.flush() if streamer else "", chunk_position="last",
+            last = AIMessageChunk(content=streamer.finish()[0] if streamer else "", chunk_position="last",
                                   response_metadata=truncated.response_metadata)
             yield ChatGenerationChunk(message=last)
             return
@@ -217,9 +218,11 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             raise RuntimeError("specstruct's stream ended without a final result; this is a bug in specstruct.")
         tail, late = "", []
         if streamer:
-            tail = streamer.flush()
+            tail, late = streamer.finish()
             if not streamer.calls:  # markers hidden from streamed text (special tokens): parse the tokens
-                late = ToolCallStreamer().feed(self._reply_text(req, result))[1]
+                content, calls = parse_tool_calls(self._reply_text(req, result))
+                if calls:
+                    tail, late = "", [streamer._chunk(c) for c in calls]
         last = AIMessageChunk(content=tail, tool_call_chunks=late, usage_metadata=usage_metadata(result.stats),
                               response_metadata=self._metadata(req, result, bool(streamer and (streamer.calls or late))),
                               chunk_position="last")

@@ -182,3 +182,20 @@ def test_auto_text_cut_by_max_tokens_is_a_length_finish(engine):
 def test_unknown_tool_choice_fails_at_bind_time(model):
     with pytest.raises(ValueError, match="names no bound tool"):
         model.bind_tools(TOOLS, tool_choice="launch_rocket")
+
+
+def test_tool_calls_with_tool_call_marker_tokens():
+    """The real Qwen2.5 tokenizer has `<tool_call>` as one added token: calls must still decode and parse."""
+    from lc_tiny_engine import tiny_marker_engine
+
+    engine = tiny_marker_engine()
+    bound = ChatSpecStruct(engine=engine, max_tokens=120).bind_tools(TOOLS, tool_choice="any")
+    msg = bound.invoke(PROMPT)
+    assert msg.tool_calls
+    check_calls(msg.tool_calls)
+    marker = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
+    merged = None
+    for chunk in bound.stream(PROMPT):
+        merged = chunk if merged is None else merged + chunk
+    assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in msg.tool_calls]
+    assert marker not in (None, engine.tokenizer.unk_token_id)

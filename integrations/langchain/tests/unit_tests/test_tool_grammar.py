@@ -17,6 +17,7 @@ from langchain_specstruct._tools import (
     select_tools,
     tool_grammar,
 )
+from lc_tiny_engine import marker_tokenizer
 from specstruct.testing import tiny_tokenizer
 
 
@@ -56,6 +57,8 @@ AUTO_CASES = [
     ("Plain answer, no tools needed.", True),
     ("<b>bold</b> text may start with '<'", True),
     (call("add", {"a": 1, "b": 2}), True),
+    (call("add", {"a": 1, "b": 2}) + "\n", True),  # Qwen's newline before EOS
+    (call("add", {"a": 1, "b": 2}) + "\n\n", False),
     (call("add", {"a": 1, "b": 2}) + "\n" + call("GetWeather", {"city": "Paris", "unit": "celsius"}), True),
     (call("add", {"a": "one", "b": 2}), False),  # argument of the wrong type
     (call("add", {"a": 1}), False),  # missing required argument
@@ -63,6 +66,10 @@ AUTO_CASES = [
     (call("sub", {"a": 1, "b": 2}), False),  # unknown tool
     (call("GetWeather", {"city": "Oslo", "unit": "kelvin"}), False),  # outside the enum
     ("<tool_call>\nnot json\n</tool_call>", False),
+    ("```json\n" + json.dumps({"name": "add", "arguments": {"a": 1, "b": 2}}) + "\n```", True),  # fenced call
+    ("```json\n" + json.dumps({"name": "add", "arguments": {"a": 1}}) + "\n```", False),
+    ("```json\n[1, 2]\n```", False),  # a fenced JSON reply must be a valid call
+    ("```python\nprint(1)\n```", True),  # other fences are text
 ]
 
 
@@ -95,7 +102,7 @@ def test_none_allows_text_only(lltok):
 def test_parallel_false_allows_one_call(lltok):
     g = tool_grammar(TOOLS, "any", parallel=False)
     one = call("add", {"a": 1, "b": 2})
-    assert accepts(lltok, g, one)
+    assert accepts(lltok, g, one) and accepts(lltok, g, one + "\n")
     assert not accepts(lltok, g, one + "\n" + one)
 
 
@@ -107,10 +114,25 @@ def test_unknown_tool_choice_names_the_bound_tools():
 def test_not_prefixed_by_regex_semantics():
     import re
 
-    rx = re.compile(not_prefixed_by("<tool_call>").replace("(.|\\n)", "(?:.|\\n)"), re.DOTALL)
+    def rx(*prefixes):
+        return re.compile(not_prefixed_by(*prefixes).replace("(.|\\n)", "(?:.|\\n)"), re.DOTALL)
+
+    one = rx("<tool_call>")
     for text, ok in [("hello", True), ("<", True), ("<tool", True), ("<tool_call", True), ("<toolbox>", True),
                      ("<tool_call>", False), ("<tool_call>{}", False), ("", False)]:
-        assert bool(rx.fullmatch(text)) is ok, text
+        assert bool(one.fullmatch(text)) is ok, text
+    two = rx("<tool_call>", "```json\n")
+    for text, ok in [("```python\n", True), ("``", True), ("```json", True), ("```json\n{", False),
+                     ("<tool_call>", False), ("plain", True)]:
+        assert bool(two.fullmatch(text)) is ok, text
+
+
+def test_parse_fenced_call_only_when_it_is_the_whole_reply():
+    body = json.dumps({"name": "add", "arguments": {"a": 1, "b": 2}})
+    content, calls = parse_tool_calls(f"```json\n{body}\n```\n")
+    assert content == "" and [(c["name"], c["args"]) for c in calls] == [("add", {"a": 1, "b": 2})]
+    text = f"Here is data:\n```json\n{body}\n```"
+    assert parse_tool_calls(text) == (text, [])
 
 
 def test_parse_tool_calls_gives_unique_ids_and_dict_args():
@@ -133,7 +155,15 @@ def test_streamer_emits_one_chunk_per_completed_call():
     assert [c["name"] for c in chunks] == ["add", "GetWeather"]
     assert [c["index"] for c in chunks] == [0, 1]
     assert json.loads(chunks[1]["args"]) == {"city": "Rome", "unit": "celsius"}
-    assert streamer.flush() == ""
+    assert streamer.finish() == ("", [])
+
+
+def test_streamer_reports_a_fenced_call_at_the_end():
+    streamer = ToolCallStreamer()
+    text = "```json\n" + json.dumps({"name": "add", "arguments": {"a": 1, "b": 2}}) + "\n```"
+    assert all(streamer.feed(text[i:i + 5]) == ("", []) for i in range(0, len(text), 5))
+    tail, (chunk,) = streamer.finish()
+    assert tail == "" and chunk["name"] == "add" and json.loads(chunk["args"]) == {"a": 1, "b": 2}
 
 
 def test_streamer_passes_text_through_once_it_cannot_be_a_call():
@@ -141,3 +171,18 @@ def test_streamer_passes_text_through_once_it_cannot_be_a_call():
     assert streamer.feed("<to") == ("", [])  # might still become <tool_call>
     assert streamer.feed("day") == ("<today", [])
     assert streamer.feed(" is fine") == (" is fine", [])
+    assert streamer.finish() == ("", [])
+
+
+def test_added_marker_tokens_are_named_as_tokens_in_the_grammar():
+    """llguidance treats every added token as special, so with Qwen-style `<tool_call>` tokens the grammar must
+    reference the token (a string literal would reject it); free text still may not open a call."""
+    tok = marker_tokenizer()
+    lltok = llguidance.hf.from_tokenizer(tok)
+    g = tool_grammar(TOOLS, "auto", tok)
+    assert "call: <tool_call> " in g
+    for text, ok in [(call("add", {"a": 1, "b": 2}), True), ("free text", True), ("<tool_call>", False)]:
+        ids = tok.encode(text, add_special_tokens=False)
+        matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(g))
+        assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is ok, text
+    assert tok.encode("<tool_call>", add_special_tokens=False) == [tok.convert_tokens_to_ids("<tool_call>")]
