@@ -90,7 +90,8 @@ def main(
     # --quick is issue 3's script: JSON means typed extraction there (the full run mixes in JSONSchemaBench)
     fixed = {"json": extraction_workloads(limit)} if quick and "json" in scenarios else None
     kwargs = dict(scenarios=scenarios, limit=limit, baselines=chosen, settings=settings, run_tests=run_tests,
-                  stock_baselines=not same_numerics, progress=update, workloads=fixed)
+                  stock_baselines=not same_numerics, progress=update, workloads=fixed,
+                  on_record=(lambda partial: write_json(partial, out)) if out else None)
     if bar is None:
         results = run_benchmark(engine, **kwargs)
     else:

@@ -4,8 +4,9 @@
     results["scenarios"]["json"]["speedup"]
 
 Per prompt the sides run in order (target-only, specstruct, outlines, hf, hf-assisted; the first two
-swapped on every other prompt) after untimed preparation (constraint compilation). Before any timing every side is warmed up once, and
-only then are weights fingerprinted and numerics described (a runtime may patch layers lazily).
+swapped on every other prompt) after untimed preparation (constraint compilation). Weights and numerics
+are checked before anything runs, and again after the untimed warm-up of every side (a runtime may
+patch layers lazily); the numerics recorded are the ones seen after warm-up.
 """
 
 from __future__ import annotations
@@ -176,15 +177,19 @@ def _versions() -> dict[str, str]:
 def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int = 5,
                   baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
                   base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,
-                  run_tests: bool = False, stock_baselines: bool = True, progress: Any = None) -> dict[str, Any]:
+                  run_tests: bool = False, stock_baselines: bool = True, progress: Any = None,
+                  on_record: Any = None) -> dict[str, Any]:
     """Run the benchmark and return the results dict (`meta`, `records`, `scenarios`).
 
     `workloads` overrides the built-in ones per scenario (tests pass tiny ones). `progress` is an
-    optional callable(completed, total, description) for progress display."""
+    optional callable(completed, total, description) for progress display; `on_record` gets the partial
+    results after every prompt (the CLI saves them, so an interrupted hour-long run is not lost)."""
     settings = settings or Settings()
     notes: list[str] = []
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     machine = machine_info()  # load average before the run; the one after goes next to it
     sides = build_sides(engine, baselines, settings, base_engine, notes, stock_baselines)
+    check_fairness(sides)  # fail fast, before minutes of warm-up
     _warm_up(sides, settings)
     fairness = check_fairness(sides)
     chosen = {s: (workloads or {}).get(s) or load_workloads(s, limit) for s in scenarios}
@@ -197,23 +202,31 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
             progress(done, total, f"{w.scenario} {w.id} [{side}]")
         done += 1
 
+    def results() -> dict[str, Any]:
+        meta = {
+            "started": started,
+            "command": " ".join(sys.argv),
+            "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)},
+            "versions": _versions(),
+            "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),
+                       "draft": getattr(getattr(engine, "draft_model", None), "name_or_path", None),
+                       "weights": fairness[SPEC]["weights"]},
+            "sides": list(sides),
+            "numerics": {name: info["numerics"] for name, info in fairness.items()},
+            "settings": {**asdict(settings), "limit": limit, "scenarios": list(chosen), "run_tests": run_tests,
+                         "baselines": [s for s in sides if s != SPEC], "stock_baselines": stock_baselines},
+            "notes": notes + [f"external baselines ({', '.join(s for s in sides if s in EXTERNAL)}) run on the "
+                              "same model object; their numerics are listed under `numerics`"],
+            "complete": len(records) == len(flat),
+        }
+        return {"meta": meta, "records": records, "scenarios": summarize(records)}
+
     flat = [w for ws in chosen.values() for w in ws]
-    records = [run_prompt(w, sides, settings, run_tests, on_side, spec_first=i % 2 == 1) for i, w in enumerate(flat)]
+    records: list[dict[str, Any]] = []
+    for i, w in enumerate(flat):
+        records.append(run_prompt(w, sides, settings, run_tests, on_side, spec_first=i % 2 == 1))
+        if on_record:
+            on_record(results())
     if progress:
         progress(total, total, "done")
-    meta = {
-        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)},
-        "versions": _versions(),
-        "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),
-                   "draft": getattr(getattr(engine, "draft_model", None), "name_or_path", None),
-                   "weights": fairness[SPEC]["weights"]},
-        "sides": list(sides),
-        "numerics": {name: info["numerics"] for name, info in fairness.items()},
-        "settings": {**asdict(settings), "limit": limit, "scenarios": list(chosen), "run_tests": run_tests,
-                     "baselines": [s for s in sides if s != SPEC], "stock_baselines": stock_baselines},
-        "notes": notes + [f"external baselines ({', '.join(s for s in sides if s in EXTERNAL)}) run on the same "
-                          "model object; their numerics are listed under `numerics`"],
-    }
-    return {"meta": meta, "records": records, "scenarios": summarize(records)}
+    return results()
