@@ -18,7 +18,7 @@ from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryEr
 from .interfaces import Constraint
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
-from .runtime import ModelRuntime
+from .runtime import ModelRuntime, quantize_draft
 from .streaming import IncrementalDetokenizer, partial_json
 
 T = TypeVar("T")
@@ -52,9 +52,14 @@ class SpecStruct:
             check_same_vocab(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
         self.eos_token_ids = eos_token_ids(tokenizer, model)
         self.runtime = ModelRuntime(model)
-        draft_rt = ModelRuntime(draft_model) if draft_model is not None else None
+        draft_rt = None
+        if draft_model is not None:
+            if self.config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu":
+                draft_model = quantize_draft(draft_model)
+            draft_rt = ModelRuntime(draft_model)
+        self.draft_model = draft_model
         self.engine = Engine(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
-        self.numerics = self.runtime.numerics
+        self.numerics = self.engine.numerics
         self._lock = threading.Lock()  # one sequence at a time: the KV caches are per engine
 
     @classmethod

@@ -26,6 +26,8 @@ class SpecConfig(BaseModel):
     use_forced_text: bool = True
     use_prompt_lookup: bool = True
     use_draft_model: bool = True
+    # The draft's numerics never change the output (the target verifies every token), only its speed.
+    draft_numerics: Literal["int8", "float32"] = "int8"
 
     # typed API
     max_retries: int = Field(2, ge=0)

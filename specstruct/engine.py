@@ -64,6 +64,9 @@ class Engine:
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.numerics = target.numerics
+        if draft is not None:
+            self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
 
     def decode(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> "Decode":
         return Decode(self, list(prompt), constraint, config)
@@ -75,7 +78,7 @@ class Decode:
 
     def __init__(self, engine: Engine, prompt: list[int], constraint: Constraint, config: SpecConfig):
         self.engine, self.prompt, self.config = engine, prompt, config
-        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.target.numerics)
+        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.numerics)
         self.constraint = _Timed(constraint, self.stats)
         self.token_ids: list[int] = []
         self.finish_reason = "length"

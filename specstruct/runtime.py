@@ -105,6 +105,27 @@ def restore_stock(model: torch.nn.Module) -> None:
     model.__dict__.pop("_specstruct_numerics", None)
 
 
+def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
+    """A dynamic-int8 copy of a CPU draft model (torch.ao, Linear layers): about 3x cheaper per step here.
+
+    Safe for losslessness because the target verifies every token: the draft's numerics only change how often
+    its proposals are accepted, never what is output. (Not for targets: its per-tensor activation scale makes a
+    row's result depend on its neighbours.)"""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
+        q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
+    return q
+
+
+def output_rows(model: torch.nn.Module) -> int:
+    """Logits per token (the LM head's rows; quantized heads expose `weight` as a method)."""
+    weight = model.get_output_embeddings().weight
+    return int((weight() if callable(weight) else weight).shape[0])
+
+
 class ModelRuntime:
     """One sequence (batch size 1) of a transformers causal LM with an explicit DynamicCache."""
 
@@ -115,7 +136,7 @@ class ModelRuntime:
         self._cache_cls = DynamicCache
         self.numerics = make_row_invariant(model) if row_invariant else "stock"
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = output_rows(model)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.cache = None
         self._length = 0

@@ -18,7 +18,7 @@ from specstruct.config import SpecConfig
 from specstruct.constraints import compile_constraint
 from specstruct.engine import Engine
 from specstruct.interfaces import ConstraintSpec
-from specstruct.runtime import ModelRuntime
+from specstruct.runtime import ModelRuntime, quantize_draft
 
 PERSON = {
     "type": "object",
@@ -61,9 +61,11 @@ def _decode(eng, tok, prompt, constraint, **cfg):
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
-@pytest.mark.parametrize("draft_kind", ["close", "far", "none"])
+@pytest.mark.parametrize("draft_kind", ["close", "close-int8", "far", "none"])
 def test_greedy_speculative_equals_target_only(tok, target, close_draft, far_draft, kind, draft_kind):
-    draft = {"close": close_draft, "far": far_draft, "none": None}[draft_kind]
+    draft = {"close": close_draft, "far": far_draft, "none": None}.get(draft_kind)
+    if draft_kind == "close-int8":
+        draft = quantize_draft(close_draft)  # the default draft numerics on CPU
     eng = _engine(tok, target, draft)
     constraint = _compile(tok, eng, kind)
     drafted = 0
