@@ -3,8 +3,9 @@
     python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5]
 
 Prints, per model and numerics, the median milliseconds of a pass of k = 1, 2, 4, 8, 9 tokens on a 200-token cache
-and v(k) = T(k) / T(1): the verification cost that decides whether speculation can pay. Also the draft/target
-cost ratio c of the first two models, one-token steps under the row-invariant runtime.
+and v(k) = T(k) / T(1): the verification cost that decides whether speculation can pay. Draft models (every model
+after the first) are also timed in the dynamic int8 numerics specstruct gives drafts by default, and the
+draft/target cost ratio c is printed for both.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import torch
 
-from ..runtime import ModelRuntime, restore_stock
+from ..runtime import ModelRuntime, quantize_draft, restore_stock
 
 KS = (1, 2, 4, 8, 9)
 
@@ -24,6 +25,8 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS)
     """Median seconds of extend(k) after a `cache_len`-token prefill, for each k."""
     if numerics == "stock":
         restore_stock(model)
+    elif numerics == "int8":
+        model = quantize_draft(model)
     rt = ModelRuntime(model, row_invariant=(numerics != "stock"))
     vocab = rt.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -64,21 +67,22 @@ def main(argv: list[str] | None = None) -> None:
     for k in KS:
         table.add_column(f"k={k}", justify="right")
     table.add_column("v(8)=T(8)/T(1)", justify="right")
-    one_token: dict[str, float] = {}
-    for name in args.models.split(","):
+    one_token: dict[tuple[str, str], float] = {}
+    names = args.models.split(",")
+    for i, name in enumerate(names):
         model, _ = load(name)
-        for numerics in ("stock", "row-invariant"):
+        for numerics in ("stock", "row-invariant") + (("int8",) if i else ()):  # int8: draft models only
             t = measure(model, numerics, repeats=args.repeats)
-            if numerics == "row-invariant":
-                one_token[name] = t[1]
+            one_token[(name, numerics)] = t[1]
             table.add_row(name, numerics, *[f"{t[k] * 1000:.0f}" for k in KS], f"{t[8] / t[1]:.2f}")
         del model
     console = Console()
     console.print(table)
-    names = args.models.split(",")
     if len(names) >= 2:
-        console.print(f"draft/target one-token cost ratio c = {one_token[names[1]] / one_token[names[0]]:.2f} "
-                      f"({names[1]} / {names[0]}, row-invariant)")
+        t1 = one_token[(names[0], "row-invariant")]
+        for numerics in ("row-invariant", "int8"):
+            console.print(f"draft/target one-token cost ratio c = {one_token[(names[1], numerics)] / t1:.2f} "
+                          f"({names[1]} {numerics} / {names[0]} row-invariant float32)")
 
 
 if __name__ == "__main__":
