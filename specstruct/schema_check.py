@@ -1,64 +1,23 @@
-"""Which JSON-schema keywords specstruct can *guarantee*, and a normaliser that makes a schema safe to
-hand to outlines_core.
+"""Which JSON-schema keywords specstruct can *guarantee*.
 
 outlines_core turns a schema into a regex by dispatching on ONE keyword per node, in the order
 `properties, allOf, anyOf, oneOf, prefixItems, enum, const, $ref, type`, and silently ignores whatever
 else the node says. A keyword it ignores while it constrains instances (`minimum`, `not`,
 `uniqueItems`, a sibling of `$ref`, ...) would let the model emit JSON that fails the schema, so
-`prepare_schema` raises ConstraintError naming the keyword and its JSON path instead.
-
-What it does to a schema before compiling (all sound: every output still satisfies the original):
-- annotations (title, description, default, examples, unknown `x-*` keys, ...) are dropped, so a
-  node like `{"description": "any"}` becomes `{}` (any JSON value);
-- `true` and `{}` subschemas become an explicit anyOf of the six JSON types (outlines_core's own
-  regex for `{}` misses a group and binds a property key to `true|false` only);
-  `additionalProperties: false` without `properties` becomes `maxProperties: 0`; `properties: {}`
-  without `required` is dropped (a free-form object);
-- constraints written next to `anyOf`/`oneOf` are distributed into every branch;
-- `pattern` anchors `^...$` are removed (outlines_core matches the whole string anyway);
-- `format` values outlines_core cannot express are dropped: JSON Schema defines `format` as an
-  annotation unless a validator opts in, so instances stay valid.
+`prepare_schema` raises ConstraintError naming the keyword and its JSON path instead. The schema is
+first normalised (schema_normalise.py) so that as much as possible is expressible.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 from specstruct.errors import ConstraintError
-
-SUPPORTED_FORMATS = {"date-time", "date", "time", "uuid", "uri", "email"}
-DISPATCH = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref", "type")
-# Keywords that constrain instances but that outlines_core never enforces anywhere.
-NEVER = {"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
-         "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-         "propertyNames", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-         "$dynamicRef", "$recursiveRef", "additionalItems"}
-ANY_TYPE = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"}  # constrain every type
-CONTAINERS = {"$defs", "definitions"}
-KNOWN = set(DISPATCH) | NEVER | CONTAINERS | {
-    "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties",
-    "items", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
-    "minDigits", "maxDigits", "minDigitsInteger", "maxDigitsInteger", "minDigitsFraction",
-    "maxDigitsFraction", "minDigitsExponent", "maxDigitsExponent",
-}
-# Per instance type: the keywords outlines_core honours on a `type` node.
-BY_TYPE = {
-    "string": {"minLength", "maxLength", "pattern", "format"},
-    "integer": {"minDigits", "maxDigits", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                "multipleOf"},
-    "number": {"minDigitsInteger", "maxDigitsInteger", "minDigitsFraction", "maxDigitsFraction",
-               "minDigitsExponent", "maxDigitsExponent", "minimum", "maximum", "exclusiveMinimum",
-               "exclusiveMaximum", "multipleOf"},
-    "array": {"items", "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains",
-              "additionalItems", "prefixItems", "unevaluatedItems"},
-    "object": {"additionalProperties", "minProperties", "maxProperties", "required", "patternProperties",
-               "propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
-               "unevaluatedProperties", "properties"},
-    "boolean": set(),
-    "null": set(),
-}
+from specstruct.numeric_regex import mark_numeric
+from specstruct.schema_normalise import (  # noqa: F401  (relaxed is re-exported for output_types)
+    ANY_TYPE, BY_TYPE, CONTAINERS, DISPATCH, NEVER, normalise, relaxed,
+)
 
 
 def unsupported(keyword: str, path: str, why: str) -> ConstraintError:
@@ -69,8 +28,9 @@ def unsupported(keyword: str, path: str, why: str) -> ConstraintError:
     )
 
 
-def prepare_schema(schema: Any) -> dict:
-    """Return a normalised copy of `schema` that outlines_core compiles faithfully, or raise ConstraintError."""
+def prepare_schema(schema: Any) -> tuple[dict, dict[str, str]]:
+    """A normalised copy of `schema` that outlines_core compiles faithfully, plus the numeric regexes to
+    splice in for the const placeholders it holds (numeric_regex.py); or raise ConstraintError."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -80,94 +40,10 @@ def prepare_schema(schema: Any) -> dict:
         schema = {}
     if not isinstance(schema, dict):
         raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}; pass a dict.")
-    root = _normalise(copy.deepcopy(schema), "#", is_root=True)
+    numeric: dict[str, str] = {}
+    root = mark_numeric(normalise(schema), numeric)
     _Checker(root).check(root, "#")
-    return root
-
-
-# "Any JSON value", spelled so outlines_core wraps the alternation in a group.
-ANY_VALUE = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object", "array")]}
-# Value bounds a Pydantic type re-checks after generation (the API retries on failure).
-RELAXABLE = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems"}
-
-
-def relaxed(schema: dict) -> dict:
-    """`schema` without the value bounds listed in RELAXABLE (and without string length bounds where a
-    pattern or format is present): for types whose own validator checks them after generation."""
-    return _normalise(copy.deepcopy(schema), "#", is_root=True, drop=RELAXABLE)
-
-
-def _normalise(node: Any, path: str, is_root: bool = False, drop: set[str] | frozenset = frozenset()) -> Any:
-    if node is True:
-        return {}
-    if node is False:
-        return False
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if (key not in KNOWN and not (is_root and key == "$id")) or key in drop:
-            continue  # an annotation or an unknown keyword: validators ignore it too
-        if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
-            if isinstance(value, dict):
-                value = {k: _normalise(v, f"{path}/{key}/{k}", drop=drop) for k, v in value.items()}
-        elif key in ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                     "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems"):
-            if isinstance(value, list):
-                value = [_normalise(v, f"{path}/{key}/{i}", drop=drop) for i, v in enumerate(value)]
-            else:
-                value = _normalise(value, f"{path}/{key}", drop=drop)
-        elif key in ("allOf", "anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            value = [_normalise(v, f"{path}/{key}/{i}", drop=drop) for i, v in enumerate(value)]
-        out[key] = value
-    if drop and ("pattern" in out or "format" in out):
-        out.pop("minLength", None)
-        out.pop("maxLength", None)
-    if out.get("uniqueItems") is False:
-        del out["uniqueItems"]
-    if isinstance(out.get("pattern"), str):
-        out["pattern"] = _strip_anchors(out["pattern"])
-    if isinstance(out.get("format"), str) and out["format"] not in SUPPORTED_FORMATS:
-        del out["format"]
-    if out.get("properties") == {} and not out.get("required"):
-        del out["properties"]  # no declared property: a free-form object, not only `{}`
-    if out.get("additionalProperties") in (True, {}, ANY_VALUE):
-        del out["additionalProperties"]
-    if "properties" in out:
-        out.pop("additionalProperties", None)  # outlines_core emits only the declared properties
-        out.pop("patternProperties", None)     # ... so extra keys never appear: sound
-    elif out.get("additionalProperties") is False:
-        del out["additionalProperties"]
-        out["maxProperties"] = 0
-    for key in ("anyOf", "oneOf"):
-        if key in out and isinstance(out[key], list) and "properties" not in out and "allOf" not in out:
-            out = _distribute(out, key)
-            break
-    if not set(out) - CONTAINERS - {"$id"}:
-        out.update(copy.deepcopy(ANY_VALUE))  # outlines_core's own `{}` regex lacks a group around its '|'
-    return out
-
-
-def _distribute(node: dict, key: str) -> dict:
-    """{type: object, anyOf: [A, B]} -> {anyOf: [{type: object, **A}, {type: object, **B}]} when no
-    key collides: the conjunction moves into each branch, so outlines_core sees it."""
-    siblings = {k: v for k, v in node.items() if k != key and k not in CONTAINERS and k != "$id"}
-    if not siblings:
-        return node
-    branches = []
-    for branch in node[key]:
-        if not isinstance(branch, dict) or set(branch) & set(siblings):
-            return node  # leave it; the checker reports the ignored sibling
-        branches.append({**siblings, **branch})
-    return {k: v for k, v in node.items() if k not in siblings} | {key: branches}
-
-
-def _strip_anchors(pattern: str) -> str:
-    if pattern.startswith("^"):
-        pattern = pattern[1:]
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1]
-    return pattern
+    return root, numeric
 
 
 class _Checker:

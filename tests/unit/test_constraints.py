@@ -183,12 +183,13 @@ def test_bad_regex_names_regex_and_position(tok, source, needle):
 
 @pytest.mark.parametrize("schema, keyword, path", [
     ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not", "#/properties/a"),
-    ({"type": "integer", "minimum": 0}, "minimum", "#"),
+    ({"type": "integer", "minimum": 0, "multipleOf": 2}, "minimum", "#"),
+    ({"type": "number", "minimum": 0.5}, "minimum", "#"),
     ({"type": "number", "multipleOf": 2}, "multipleOf", "#"),
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "#"),
     ({"type": "object", "properties": {"a": {"type": "string"}}, "if": {}, "then": {}}, "if", "#"),
     ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "patternProperties", "#"),
-    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf", "#"),
+    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "allOf", "#"),
     ({"$ref": "#/$defs/a", "maxLength": 2, "$defs": {"a": {"type": "string"}}}, "maxLength", "#"),
     ({"type": "string", "pattern": ".*"}, "pattern", "#"),
 ])
@@ -205,6 +206,19 @@ def test_annotations_are_fine_and_anyof_siblings_are_distributed(tok):
     assert make(tok, "json", schema).accepts('{"a": "z"}')
     c = make(tok, "json", {"type": "string", "anyOf": [{"format": "date"}, {"maxLength": 2}]})
     assert c.accepts('"2024-01-31"') and c.accepts('"ab"') and not c.accepts('"abc"')
+
+
+def test_allof_members_merge_when_they_combine_cleanly(tok):
+    schema = {"$defs": {"named": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+              "allOf": [{"$ref": "#/$defs/named"},
+                        {"properties": {"age": {"type": "integer"}, "name": {"maxLength": 5}}, "required": ["age"]}]}
+    c = make(tok, "json", schema)
+    assert c.accepts('{"name": "Ada", "age": 36}')
+    assert not c.accepts('{"name": "Ada Lovelace", "age": 36}') and not c.accepts('{"name": "Ada"}')
+    closed = {"$defs": {"a": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}},
+              "allOf": [{"$ref": "#/$defs/a"}, {"properties": {"b": {"type": "string"}}}]}
+    with pytest.raises(ConstraintError, match="'allOf'"):  # b would violate a's additionalProperties
+        make(tok, "json", closed)
 
 
 @pytest.mark.parametrize("schema", [
@@ -267,13 +281,49 @@ def test_user_regex_cannot_escape_its_group(tok):
 
 
 def test_mask_cache_is_bounded(tok, monkeypatch):
+    import specstruct.automaton as A
     import specstruct.constraints as C
 
     monkeypatch.setattr(C, "_PROGRAMS", {})
-    monkeypatch.setattr(C, "MASK_CACHE_BYTES", 0)  # floor: 8 cached masks per program
+    monkeypatch.setattr(A, "MASK_CACHE_BYTES", 0)  # floor: 8 cached masks per program
     c = make(tok, "regex", "[a-z]{0,30}")
     for t in ids(tok, "abcdefghijklmnopqrstuvwxyz"):
         c.mask()
         assert c.advance([t]) == 1
     assert len(c._p._masks) <= c._p.max_masks == 8
     assert c.mask()[tok.eos_token_id]  # still correct after evictions
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "integer", "minimum": 0}, ["0", "7", "123456"], ["-1", "-0", "01"]),
+    ({"type": "integer", "minimum": -5, "maximum": 12}, ["-5", "0", "12", "9"], ["-6", "13", "120"]),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 100}, ["1", "99"], ["0", "100"]),
+    ({"type": "integer", "minimum": 0, "exclusiveMinimum": True}, ["1"], ["0"]),  # draft 4 spelling
+    ({"type": "number", "minimum": 0, "maximum": 1}, ["0", "0.25", "1", "1.0"], ["-0.5", "1.5", "2"]),
+    ({"type": "number", "maximum": -2}, ["-2", "-3.5", "-100"], ["-1.5", "0", "2"]),
+])
+def test_numeric_bounds_are_guaranteed(tok, schema, good, bad):
+    c = make(tok, "json", {"type": "object", "properties": {"x": schema}, "required": ["x"]})
+    for v in good:
+        assert c.accepts(f'{{"x": {v}}}'), v
+    for v in bad:
+        assert not c.accepts(f'{{"x": {v}}}'), v
+
+
+def test_numeric_regex_matches_python_comparisons():
+    import random
+    import re
+
+    from specstruct.numeric_regex import integer_regex, number_regex
+
+    rnd = random.Random(0)
+    for _ in range(150):
+        lo, hi = sorted(rnd.sample(range(-300, 300), 2))
+        lo, hi = rnd.choice([lo, None]), rnd.choice([hi, None])
+        ri, rn = re.compile(integer_regex(lo, hi)), re.compile(number_regex(lo, hi))
+        for v in rnd.sample(range(-400, 400), 30):
+            inside = (lo is None or v >= lo) and (hi is None or v <= hi)
+            assert bool(ri.fullmatch(json.dumps(v))) == inside
+            for x in (v + 0.5, v - 0.25, float(v)):
+                inside = (lo is None or x >= lo) and (hi is None or x <= hi)
+                assert bool(rn.fullmatch(json.dumps(x))) == inside, (lo, hi, x)

@@ -95,12 +95,23 @@ def test_every_output_type_resolves_compiles_accepts_and_parses(tok, output_type
         assert out.json_schema is not None
 
 
-def test_pydantic_bounds_are_validated_after_generation_not_compiled(tok):
-    out = resolve(Person)
-    assert "minimum" not in out.spec.source and out.json_schema["properties"]["age"]["minimum"] == 0
-    assert compiled(tok, out).accepts(json.dumps({"name": "Ada", "age": -1}))  # structure only ...
-    with pytest.raises(pydantic.ValidationError):                            # ... the bound is Pydantic's
-        out.parse('{"name": "Ada", "age": -1}')
+class Order(BaseModel):
+    quantity: int = Field(ge=1, le=99)
+    price: float = Field(ge=0)
+    batch: int = Field(multiple_of=5)
+
+
+def test_bounds_compile_where_a_regex_can_say_them_else_pydantic_checks_after(tok):
+    out = resolve(Order)
+    constraint = compiled(tok, out)
+    assert constraint.accepts('{"quantity": 3, "price": 9.5, "batch": 10}')
+    assert not constraint.accepts('{"quantity": 0, "price": 9.5, "batch": 10}')    # ge=1 is guaranteed
+    assert not constraint.accepts('{"quantity": 100, "price": 9.5, "batch": 10}')  # le=99 is guaranteed
+    assert not constraint.accepts('{"quantity": 3, "price": -1.0, "batch": 10}')   # ge=0 is guaranteed
+    assert "multipleOf" not in out.spec.source and out.json_schema["properties"]["batch"]["multipleOf"] == 5
+    assert constraint.accepts('{"quantity": 3, "price": 1.0, "batch": 7}')  # multiple_of: not a regex ...
+    with pytest.raises(pydantic.ValidationError):                          # ... Pydantic checks it
+        out.parse('{"quantity": 3, "price": 1.0, "batch": 7}')
 
 
 def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
@@ -109,8 +120,8 @@ def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
         out.parse("{}")
     with pytest.raises(ValueError):
         out.parse("{not json")
-    with pytest.raises(ConstraintError, match="'minimum'"):
-        compiled(tok, resolve({"type": "integer", "minimum": 0}))
+    with pytest.raises(ConstraintError, match="'multipleOf'"):
+        compiled(tok, resolve({"type": "integer", "multipleOf": 3}))
     with pytest.raises(ConstraintError, match="invalid JSON schema"):
         resolve({"type": 12})
 
