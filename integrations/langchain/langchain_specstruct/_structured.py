@@ -18,11 +18,28 @@ Method = Literal["json_schema", "function_calling", "json_mode"]
 ANY_OBJECT = {"type": "object"}
 
 
+def _native_output_type(schema: Any) -> Any:
+    """The schema itself when specstruct takes it as an output type (Pydantic v2 classes, TypedDicts):
+    specstruct then relaxes what the grammar cannot express (e.g. `ge`/`le`) into validation after decoding,
+    with retries that feed the validation error back to the model. None for anything else (JSON-schema dicts,
+    Pydantic v1 classes), which go to the engine as their JSON schema."""
+    if not isinstance(schema, type):
+        return None
+    from specstruct.errors import ConstraintError
+    from specstruct.output_types import resolve
+
+    try:
+        resolve(schema)
+    except ConstraintError:
+        return None
+    return schema
+
+
 def structured_runnable(model: Any, schema: Any, method: Method, include_raw: bool, strict: bool | None) -> Runnable:
     """Build the runnable `model.with_structured_output(schema, method=..., include_raw=...)` returns.
 
-    - json_schema: the reply is constrained to `schema` (`response_format` reaches the engine as its
-      output type) and parsed with PydanticOutputParser / JsonOutputParser;
+    - json_schema: the reply is constrained to `schema` (the class itself for Pydantic/TypedDict, else its
+      JSON schema, `response_format`) and parsed with PydanticOutputParser / JsonOutputParser;
     - function_calling: the reply is a forced call of a tool made from `schema` (see `bind_tools`), parsed
       with PydanticToolsParser / JsonOutputKeyToolsParser;
     - json_mode: the reply is constrained to some JSON object, parsed like json_schema.
@@ -41,7 +58,9 @@ def structured_runnable(model: Any, schema: Any, method: Method, include_raw: bo
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
     elif method in ("json_schema", "json_mode"):
         response_format = convert_to_json_schema(schema) if method == "json_schema" else ANY_OBJECT
-        extra = {"ls_structured_output_format": ls_format} if schema is not None else {}
+        extra: dict[str, Any] = {"ls_structured_output_format": ls_format} if schema is not None else {}
+        if method == "json_schema" and (native := _native_output_type(schema)) is not None:
+            extra["output_type"] = native
         llm = model.bind(response_format=response_format, **extra)
         parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
     else:

@@ -26,7 +26,7 @@ from langchain_specstruct._tools import (
     special_markers,
     tool_grammar,
 )
-from specstruct.errors import IncompleteOutputError
+from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
 
 @dataclass
@@ -128,7 +128,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                              "not both in one call.")
         output_type: Any = None
         if response_format:
-            output_type = response_format
+            output_type = kwargs.get("output_type") or response_format
         elif tools:
             grammar = tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
                                    parallel=kwargs.get("parallel_tool_calls") is not False)
@@ -172,11 +172,25 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                 result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
         except IncompleteOutputError as err:
             return ChatResult(generations=[ChatGeneration(message=self._truncated_text(req, err))])
+        except ValidationRetryError as err:
+            return ChatResult(generations=[ChatGeneration(message=self._failed_validation(req, err))])
         text = self._reply_text(req, result)
         content, calls = parse_tool_calls(text) if req.tools else (text, [])
         message = AIMessage(content=content, tool_calls=calls, usage_metadata=usage_metadata(result.stats),
                             response_metadata=self._metadata(req, result, bool(calls)))
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _failed_validation(self, req: _Request, err: ValidationRetryError) -> AIMessage:
+        """Every retry failed validation (a Pydantic validator the grammar cannot express): return the last
+        attempt as the reply, so LangChain's parser reports the error (`parsing_error` with include_raw)."""
+        last = err.attempts[-1] if err.attempts else {"text": "", "error": str(err)}
+        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": "stop",
+                "validation_errors": [str(a.get("error")) for a in err.attempts]}
+        stats = last.get("stats")
+        if stats is not None:
+            meta["speculative"] = speculative_metadata(stats)
+        return AIMessage(content=last.get("text", ""), response_metadata=meta,
+                         usage_metadata=usage_metadata(stats) if stats is not None else None)
 
     def _truncated_text(self, req: _Request, err: IncompleteOutputError) -> AIMessage:
         """With tools bound, a *text* reply cut by max_tokens is an ordinary "length" finish (the grammar only
@@ -209,6 +223,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                     yield gen
         except IncompleteOutputError as err:
             truncated = self._truncated_text(req, err)
+        except ValidationRetryError as err:  # the text was streamed already; the parser reports the error
+            truncated = self._failed_validation(req, err)
         if truncated is not None:
             last = AIMessageChunk(content=streamer.finish()[0] if streamer else "", chunk_position="last",
                                   response_metadata=truncated.response_metadata)

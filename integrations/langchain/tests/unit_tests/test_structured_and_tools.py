@@ -199,3 +199,21 @@ def test_tool_calls_with_tool_call_marker_tokens():
         merged = chunk if merged is None else merged + chunk
     assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in msg.tool_calls]
     assert marker not in (None, engine.tokenizer.unk_token_id)
+
+
+def test_pydantic_validators_and_bounds_hold_and_unsupported_dict_keywords_are_refused(model):
+    """A Pydantic class goes to specstruct as itself (bounds compiled, validators run after decoding with
+    retries); a JSON-schema dict with a keyword the grammar cannot guarantee is refused, never dropped."""
+    from pydantic import Field
+
+    from specstruct.errors import ConstraintError
+
+    class Level(BaseModel):
+        value: int = Field(ge=0, le=9)
+        on: bool
+
+    out = model.with_structured_output(Level).invoke(PROMPT)
+    assert isinstance(out, Level) and 0 <= out.value <= 9
+    unsure = {"title": "Unsure", "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "not": {"required": ["b"]}}
+    with pytest.raises(ConstraintError, match="not"):
+        model.with_structured_output(unsure).invoke(PROMPT)
