@@ -174,6 +174,14 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _draft_name(engine: Any) -> str | None:
+    draft = getattr(engine, "draft_model", None)
+    if draft is None:
+        return None
+    path = getattr(draft, "name_or_path", "") or getattr(getattr(draft, "config", None), "_name_or_path", "")
+    return os.path.basename(str(path).rstrip("/")) or type(draft).__name__
+
+
 def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int = 5,
                   baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
                   base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,
@@ -209,7 +217,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
             "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)},
             "versions": _versions(),
             "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),
-                       "draft": getattr(getattr(engine, "draft_model", None), "name_or_path", None),
+                       "draft": _draft_name(engine),
                        "weights": fairness[SPEC]["weights"]},
             "sides": list(sides),
             "numerics": {name: info["numerics"] for name, info in fairness.items()},
