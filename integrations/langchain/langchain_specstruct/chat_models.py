@@ -130,12 +130,10 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if response_format:
             output_type = kwargs.get("output_type") or response_format
         elif tools:
-            grammar = tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
-                                   parallel=kwargs.get("parallel_tool_calls") is not False)
-            if grammar is not None:
-                import specstruct as ss
+            import specstruct as ss
 
-                output_type = ss.Grammar(grammar)
+            output_type = ss.Grammar(tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
+                                                  parallel=kwargs.get("parallel_tool_calls") is not False))
         run_kwargs = self._run_kwargs(engine, stop if output_type is None else None, kwargs)
         if output_type is not None:
             run_kwargs["stop"] = None  # stop strings would cut a constrained reply short
