@@ -69,15 +69,25 @@ def main(
     same_numerics: bool = typer.Option(False, "--same-numerics", help="run outlines/hf on specstruct's row-invariant "
                                                                       "numerics instead of transformers' stock ones"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+    from_results: Optional[str] = typer.Option(None, "--from-results", help="run nothing: re-render the table, "
+                                               "--plot and --markdown from an earlier --out file"),
+    markdown_out: Optional[str] = typer.Option(None, "--markdown", help="also write the table as Markdown "
+                                               "(command, machine and numerics included)"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True),
 ) -> None:
     """Run the benchmark and print the table (medians over prompts, with the spread)."""
     from rich.console import Console
 
     from .baselines import Settings
-    from .report import plot, print_report, write_json
+    from .report import write_json
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a wide table stays readable in logs
+    if from_results:
+        import json
+        from pathlib import Path
+
+        _publish(json.loads(Path(from_results).read_text()), console, None, plot_path, markdown_out)
+        return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):
         raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose or all", param_hint="--scenario")
@@ -97,8 +107,20 @@ def main(
     else:
         with bar:
             results = run_benchmark(engine, **kwargs)
+    _publish(results, console, out, plot_path, markdown_out)
+
+
+def _publish(results: dict[str, Any], console: Any, out: str | None, plot_path: str | None,
+             markdown_out: str | None) -> None:
+    from pathlib import Path
+
+    from .report import markdown, plot, print_report, write_json
+
     print_report(results, console)
     if out:
         console.print(f"results written to {write_json(results, out)}")
     if plot_path:
         console.print(f"plot written to {plot(results, plot_path)}")
+    if markdown_out:
+        Path(markdown_out).write_text(markdown(results))
+        console.print(f"markdown table written to {markdown_out}")

@@ -52,6 +52,31 @@ def table(results: dict[str, Any]) -> Any:
     return t
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The headline table as Markdown (for docs/benchmarks.md), with the command, machine and numerics."""
+    meta = results["meta"]
+    present = [b for b in EXTERNAL if any(b in s.get("speedup_vs", {}) for s in results["scenarios"].values())]
+    head = ["scenario", "prompts", "target-only tokens/s", "specstruct tokens/s", "speedup (p25-p75)",
+            "acceptance rate", *[f"vs {b}" for b in present], "valid", "identical to target-only"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in results["scenarios"].items():
+        sp = s.get("speedup_spread") or {}
+        speed = _num(s.get("speedup"), "{:.2f}x") + (f" ({sp['p25']:.2f}-{sp['p75']:.2f})" if sp else "")
+        cells = [SCENARIO_TITLES.get(name, name), str(s["prompts"]), _num(s.get("baseline_tokens_per_s")),
+                 _num(s.get("specstruct_tokens_per_s")), speed, _pct(s.get("acceptance_rate")),
+                 *[_num(s["speedup_vs"].get(b), "{:.2f}x") for b in present], _counts(s.get("valid")),
+                 _counts(s.get("identical"))]
+        rows.append("| " + " | ".join(cells) + " |")
+    m = meta["machine"]
+    notes = [f"Command: `{meta['command']}` (started {meta['started']}{'' if meta.get('complete', True) else ', INCOMPLETE'}).",
+             f"Models: target {meta['models']['target']}, draft {meta['models']['draft']}; "
+             f"max_new_tokens {meta['settings']['max_new_tokens']}, temperature {meta['settings']['temperature']}.",
+             f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads, load average "
+             f"{m.get('load_average_1m')} at start and {m.get('load_average_1m_end')} at end.",
+             *[f"Numerics of {side}: {desc}." for side, desc in meta["numerics"].items()]]
+    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
 def drafter_table(results: dict[str, Any]) -> Any:
     """Acceptance per drafter and scenario: where the speedup comes from."""
     from rich.table import Table

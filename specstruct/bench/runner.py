@@ -174,6 +174,20 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _command() -> str:
+    """The command line as a user would retype it (`python -m specstruct.bench ...`, `specstruct bench ...`)."""
+    import shlex
+
+    prog = sys.argv[0]
+    if prog.endswith(os.path.join("bench", "__main__.py")):
+        prog = "python -m specstruct.bench"
+    elif prog.endswith(os.path.join("specstruct", "__main__.py")):
+        prog = "python -m specstruct"
+    else:
+        prog = os.path.basename(prog)
+    return " ".join([prog, *map(shlex.quote, sys.argv[1:])])
+
+
 def _draft_name(engine: Any) -> str | None:
     draft = getattr(engine, "draft_model", None)
     if draft is None:
@@ -213,7 +227,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     def results() -> dict[str, Any]:
         meta = {
             "started": started,
-            "command": " ".join(sys.argv),
+            "command": _command(),
             "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)},
             "versions": _versions(),
             "models": {"target": getattr(engine, "model_name", None) or getattr(engine.model, "name_or_path", "?"),

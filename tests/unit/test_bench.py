@@ -186,9 +186,14 @@ def test_cli_quick_on_tiny_models(tmp_path):
                                       "--max-new-tokens", "6", "--out", str(out), "--plot", str(png), "--quiet"])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
+    assert data["meta"]["complete"] is True
     assert data["meta"]["sides"] == ["target-only", "specstruct"]  # --quick: speculation vs target-only only
     assert data["scenarios"]["prose"]["prompts"] == 1 and png.exists()
     assert "speedup" in result.output
+    md = tmp_path / "table.md"
+    again = CliRunner().invoke(app, ["--from-results", str(out), "--markdown", str(md)])  # re-render, no run
+    assert again.exit_code == 0, again.output
+    assert md.read_text().startswith("| scenario |") and "Numerics of specstruct" in md.read_text()
 
 
 def test_outlines_side_runs_the_same_constraint_on_the_same_model(engines):
