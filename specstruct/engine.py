@@ -142,8 +142,8 @@ class Decode:
         self.stats.draft_time_s += time.perf_counter() - t0
         drafter = self.engine.drafters.get("model")
         if drafter is not None and drafter.step_seconds:
-            for s in drafter.step_seconds:
-                self.policy.observe_cost("draft", 1, s)
+            for rows, s in drafter.step_seconds:
+                self.policy.observe_cost("draft", rows, s)
             drafter.step_seconds.clear()
         return cands, qs, segments
 

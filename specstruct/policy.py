@@ -135,5 +135,5 @@ class AdaptivePolicy:
             return
         if kind == "target":
             self.target_cost[rows] = _ema(self.target_cost.get(rows), seconds)
-        elif kind == "draft":
+        elif kind == "draft" and rows <= 2:  # a draft step feeds one or two tokens; longer syncs are not steps
             self.draft_cost = _ema(self.draft_cost, seconds)

@@ -25,12 +25,11 @@ class DraftModelDrafter:
         self.eos = set(eos_token_ids)
         self.tokens: list[int] = []  # what the draft cache holds
         self.generator: torch.Generator | None = None
-        self.step_seconds: list[float] = []  # one entry per draft forward, read by the engine's cost model
+        self.step_seconds: list[tuple[int, float]] = []  # (rows, seconds) per draft pass, for the cost model
 
     def reset(self, prompt: Sequence[int], generator: torch.Generator | None = None) -> None:
         self.tokens = []
         self.generator = generator
-        self._prompt_logits = None
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Make the cache hold `context`; return the draft logits after its last token."""
@@ -41,11 +40,11 @@ class DraftModelDrafter:
             common += 1
         t0 = time.perf_counter()
         if common == 0:
-            logits = self.runtime.prefill(ctx)
+            logits = self.runtime.prefill(ctx)  # once per request; not a per-token cost
         else:
             self.runtime.crop(common)
             logits = self.runtime.extend(ctx[common:])[-1]
-        self.step_seconds.append(time.perf_counter() - t0)
+            self.step_seconds.append((len(ctx) - common, time.perf_counter() - t0))
         self.tokens = ctx
         return logits
 
@@ -70,7 +69,7 @@ class DraftModelDrafter:
                 break
             t0 = time.perf_counter()
             logits = self.runtime.extend([t])[-1]
-            self.step_seconds.append(time.perf_counter() - t0)
+            self.step_seconds.append((1, time.perf_counter() - t0))
             self.tokens.append(t)
         return Draft(tokens, q=torch.stack(qs) if qs else None, source=self.name)
 
