@@ -143,6 +143,8 @@ def reason(value: Any, schema: Any, text: str) -> str:
     keys = set(_keys(value))
     if re.search(r"\\u[0-9a-fA-F]{4}", text):
         return "control character (needs a \\u escape outlines_core's string regex lacks)"
+    if "\\" in text and any({"minLength", "maxLength"} & set(node) for node in _walk_schema(schema)):
+        return "escape in a length-bounded string (generated without escape sequences)"
     if any("pattern" in node for node in _walk_schema(schema)):
         return "pattern (JSON Schema searches, outlines_core matches the whole string)"
     if declared and keys - declared:

@@ -7,6 +7,10 @@ every gap, so we pass a placeholder and resolve it: one space after each structu
 of text (`{"name": "`) that the speculative drafter proposes for free.
 
 Numeric bounds outlines_core ignores are spliced in from numeric_regex.py.
+
+Length-bounded strings (minLength/maxLength) are written without escape sequences: outlines_core's
+compile time for `(char|escape){0,n}` grows about 4x per +2 of n (20 s at n=16), while the escape-free
+class compiles in linear time (n=1000: 0.1 s). Sound: fewer strings, all of them valid.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from specstruct.numeric_regex import splice
 from specstruct.schema_check import prepare_schema
 
 _WS = "\x00ws\x00"  # whitespace placeholder, resolved by json_regex
+_PLAIN_CHAR = r'([^"\\\x00-\x1F\x7F-\x9F])'  # a JSON string character that needs no escape
 
 
 def json_regex(schema: dict | str) -> str:
     """The regex of `schema`'s instances as `json.dumps(value, ensure_ascii=False)` writes them."""
-    from outlines_core.json_schema import build_regex_from_schema
+    from outlines_core.json_schema import STRING_INNER, build_regex_from_schema
 
     prepared, numeric = prepare_schema(schema)
     try:
@@ -34,6 +39,7 @@ def json_regex(schema: dict | str) -> str:
     # does, inside whatever optional group holds it ("(, "b": ...)?"), and drop the other placeholders.
     for sep in (",", ":"):
         raw = raw.replace(_WS + sep + _WS, sep + " ").replace(_WS + sep, sep + " ").replace(sep + _WS, sep + " ")
+    raw = raw.replace(STRING_INNER + "{", _PLAIN_CHAR + "{")  # only length-bounded strings are counted
     return splice(raw.replace(_WS, ""), numeric)
 
 

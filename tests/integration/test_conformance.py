@@ -16,6 +16,7 @@ ALLOWED_REASONS = (
     "pattern",               # JSON Schema `pattern` searches; outlines_core matches the whole string
     "control character",     # outlines_core's string regex has no \\uXXXX escapes
     "nesting depth",         # free-form JSON / recursive $ref are unrolled to a fixed depth
+    "escape in a length-bounded string",  # bounded strings are generated without escapes
 )
 
 

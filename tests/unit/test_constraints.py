@@ -327,3 +327,14 @@ def test_numeric_regex_matches_python_comparisons():
             for x in (v + 0.5, v - 0.25, float(v)):
                 inside = (lo is None or x >= lo) and (hi is None or x <= hi)
                 assert bool(rn.fullmatch(json.dumps(x))) == inside, (lo, hi, x)
+
+
+def test_length_bounded_strings_compile_fast_without_escapes(tok):
+    import time
+
+    start = time.perf_counter()
+    c = make(tok, "json", {"type": "string", "minLength": 2, "maxLength": 255})
+    assert time.perf_counter() - start < 5  # with escapes inside the count, outlines_core needs minutes
+    assert c.accepts('"ab"') and c.accepts('"' + "x" * 255 + '"')
+    assert not c.accepts('"a"') and not c.accepts('"' + "x" * 256 + '"')
+    assert not c.accepts('"a\\nb"')  # sound subset: no escape sequences in bounded strings
