@@ -147,6 +147,8 @@ def reason(value: Any, schema: Any, text: str) -> str:
         return "escape in a length-bounded string (generated without escape sequences)"
     if any("pattern" in node for node in _walk_schema(schema)):
         return "pattern (JSON Schema searches, outlines_core matches the whole string)"
+    if any(node.get("format") in ("uri", "email", "date-time", "time") for node in _walk_schema(schema)):
+        return "format (outlines_core's format regexes are narrower than the RFCs, e.g. uri is http/ftp/urn)"
     if declared and keys - declared:
         return "undeclared property (only declared properties are generated)"
     if _depth(value) > 3:
