@@ -80,7 +80,8 @@ def main() -> None:
                          max_tokens=args.max_tokens)
     agent = create_agent(llm, tools=[calculator, convert_units],
                          system_prompt="You are a careful assistant. Use the tools for every conversion and "
-                                       "every calculation, then answer in one short sentence.")
+                                       "every calculation. Once the tool results answer the question, reply "
+                                       "to the user with one plain-English sentence that states the result.")
     start = time.perf_counter()
     result = agent.invoke({"messages": [{"role": "user", "content": args.question}]},
                           config={"recursion_limit": 12})

@@ -155,3 +155,21 @@ def test_speculative_keys_reach_the_engine_config(engine, monkeypatch):
     cfg = seen["config"]
     assert (cfg.initial_candidates, cfg.adaptive_threshold, cfg.enable_speculative) == (5, 0.5, False)
     assert seen["max_new_tokens"] == 8 and seen["temperature"] == 0.0
+
+
+def test_per_call_model_override_loads_that_model(monkeypatch, engine):
+    import specstruct as ss
+
+    loads = []
+
+    def fake_from_pretrained(model, draft=None, config=None):
+        loads.append((model, draft))
+        return engine
+
+    monkeypatch.setattr(ss.SpecStruct, "from_pretrained", staticmethod(fake_from_pretrained))
+    monkeypatch.setattr(_engines, "_ENGINES", {})
+    base = ChatSpecStruct(model="base/model", draft_model="base/draft", max_tokens=4)
+    msg = base.invoke("hi", model="other/model")
+    assert loads == [("other/model", None)]  # the base model's draft is not paired with another target
+    assert msg.response_metadata["model_name"] == "other/model"
+    assert base._get_ls_params(model="other/model")["ls_model_name"] == "other/model"
