@@ -217,3 +217,13 @@ def test_pydantic_validators_and_bounds_hold_and_unsupported_dict_keywords_are_r
     unsure = {"title": "Unsure", "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "not": {"required": ["b"]}}
     with pytest.raises(ConstraintError, match="not"):
         model.with_structured_output(unsure).invoke(PROMPT)
+
+
+def test_pydantic_v1_schema_goes_as_json_schema_and_returns_an_instance(model):
+    from pydantic.v1 import BaseModel as BaseModelV1
+
+    class LightV1(BaseModelV1):
+        on: bool
+
+    out = model.with_structured_output(LightV1).invoke(PROMPT)
+    assert isinstance(out, LightV1)
