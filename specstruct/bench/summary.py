@@ -77,6 +77,7 @@ def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
         "specstruct_tokens_per_s": (tps.get(SPEC) or {}).get("median"),
         "speedup": (ratios.get(TARGET_ONLY) or {}).get("median"),
         "speedup_spread": ratios.get(TARGET_ONLY),
+        "decode_speedup": _median([r.get("decode_speedup") for r in done]),
         "speedup_vs": {s: ratios[s]["median"] for s in EXTERNAL if ratios.get(s)},
         "speedup_vs_spread": {s: ratios[s] for s in EXTERNAL if ratios.get(s)},
         "tokens_per_s": tps,

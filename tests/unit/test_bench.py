@@ -102,6 +102,9 @@ def test_runner_end_to_end_records_every_side(results):
         if spec["token_ids"] and base["token_ids"]:  # greedy: the check compares token for token
             assert record["identical"] == (spec["token_ids"] == base["token_ids"])
         assert record["speedup"]["target-only"] == pytest.approx(spec["tokens_per_s"] / base["tokens_per_s"])
+        if record["decode_speedup"] is not None:  # prefill removed from both sides
+            decode = [m["new_tokens"] / (m["elapsed_s"] - m["times"]["prefill_s"]) for m in (spec, base)]
+            assert record["decode_speedup"] == pytest.approx(decode[0] / decode[1])
     meta = results["meta"]
     assert meta["numerics"]["specstruct"] == meta["numerics"]["target-only"]
     assert meta["numerics"]["hf"].startswith("stock")  # external baselines run transformers' own numerics
