@@ -86,7 +86,9 @@ def main(
         import json
         from pathlib import Path
 
-        _publish(json.loads(Path(from_results).read_text()), console, None, plot_path, markdown_out)
+        from .runner import resummarize
+
+        _publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):

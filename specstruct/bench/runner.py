@@ -160,6 +160,16 @@ def _decode_speedup(spec: dict[str, Any], base: dict[str, Any]) -> float | None:
     return rates[0] / rates[1] if rates[1] > 0 else None
 
 
+def resummarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Recompute the derived figures of a results dict from its per-prompt records (files written by an
+    older version, or a partial file of an interrupted run)."""
+    for r in results["records"]:
+        if r["status"] == "ok" and "decode_speedup" not in r:
+            r["decode_speedup"] = _decode_speedup(r["sides"][SPEC], r["sides"][TARGET_ONLY])
+    results["scenarios"] = summarize(results["records"])
+    return results
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 
