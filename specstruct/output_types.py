@@ -21,7 +21,6 @@ inexpressible keyword raises ConstraintError at compile time.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import enum
 import json
 import re
@@ -132,11 +131,8 @@ def _choice(options: list[str], output_type: Any, convert: Callable[[str], Any])
 def _typed(t: Any) -> bool:
     if t in (int, float, bool):
         return True
-    if isinstance(t, type):
-        from pydantic import BaseModel
-
-        return issubclass(t, BaseModel) or dataclasses.is_dataclass(t) or typing.is_typeddict(t) \
-            or issubclass(t, enum.Enum)
+    if isinstance(t, type):  # models, dataclasses, TypedDicts, enums, datetime, UUID, Decimal, ...
+        return t is not object
     return get_origin(t) is not None  # list[Model], dict[str, int], Optional[X], Literal[1, 2], ...
 
 
@@ -193,11 +189,12 @@ def _json_instruction(schema: dict) -> str:
     return f"Answer with {what} matching this JSON schema: {json.dumps(schema)}"
 
 
-_FENCE = re.compile(r"^\s*```[\w+.-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+_FENCE = re.compile(r"^\s*```[\w+.-]*[ \t]*\n(.*?)(?:\n?```|$)", re.DOTALL)
 
 
 def parse_code(text: str, language: str = "python") -> str:
-    """Strip one surrounding ``` fence; for Python, raise SyntaxError unless it parses."""
+    """The code of the first ``` fence when the text opens with one (chat models follow the block with prose, and
+    a stop string may cut the closing fence), else the whole text; for Python, raise SyntaxError unless it parses."""
     m = _FENCE.match(text)
     code = m.group(1) if m else text
     if language.lower() in ("python", "py", "python3"):

@@ -92,10 +92,21 @@ def _relax(node: Any) -> Any:
             out[k] = {name: _relax(s) for name, s in v.items()}
         else:
             out[k] = _relax(v)
+    if isinstance(out.get("pattern"), str) and not _usable_pattern(out["pattern"]):
+        del out["pattern"]  # e.g. Decimal's look-ahead: the type's validator still checks it
     if "pattern" in out or "format" in out:
         out.pop("minLength", None)
         out.pop("maxLength", None)
     return out
+
+
+def _usable_pattern(pattern: str) -> bool:
+    """A pattern outlines_core can compile (Rust syntax, no look-around) that stays inside a JSON string."""
+    from llguidance import LLMatcher
+
+    from specstruct.schema_check import _json_safe
+
+    return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern)) and _json_safe(pattern)
 
 
 def _normalise(node: Any, root: Any, drop, is_root: bool = False, depth: int = 0) -> Any:

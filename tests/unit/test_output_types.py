@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 import json
-from typing import Literal, Optional, TypedDict
+import uuid
+from typing import Literal, Optional, TypedDict, Union
 
 import pydantic
 import pytest
@@ -153,3 +156,46 @@ def test_markers_are_plain_values():
     assert Choice(["a", "b"]) == Choice(("a", "b")) and hash(Choice(["a"])) == hash(Choice(("a",)))
     assert Regex("x") == Regex("x") and Code().language == "python"
     assert Grammar("start: x").lark == "start: x"
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = Field(ge=0, le=9)
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    good: bool = True
+
+
+class Rich(BaseModel):
+    when: datetime.datetime
+    day: datetime.date
+    id: uuid.UUID
+    color: Color = Color.RED
+    address: Optional[Address] = None
+    tags: set[str] = set()
+    scores: dict[str, float] = {}
+    pet: Union[Cat, Dog] = Field(discriminator="kind")
+    pair: tuple[int, str]
+    price: decimal.Decimal = decimal.Decimal(0)
+
+
+def test_rich_pydantic_model_round_trips(tok):
+    value = Rich(when=datetime.datetime(2024, 1, 2, 3, 4, 5), day=datetime.date(2024, 1, 2),
+                 id=uuid.UUID(int=7), pet=Cat(kind="cat", lives=3), pair=(1, "a"),
+                 address=Address(city="Oslo", country="NO"), tags={"x"}, scores={"a": 0.5})
+    text = json.dumps(json.loads(value.model_dump_json()), ensure_ascii=False)
+    out = resolve(Rich)
+    assert compiled(tok, out).accepts(text)  # Decimal's look-ahead pattern is left to Pydantic
+    assert out.parse(text) == value
+
+
+@pytest.mark.parametrize("t, text, value", [
+    (datetime.date, '"2024-01-31"', datetime.date(2024, 1, 31)),
+    (uuid.UUID, f'"{uuid.UUID(int=1)}"', uuid.UUID(int=1)),
+    (Optional[int], "null", None),
+])
+def test_plain_python_types(tok, t, text, value):
+    out = resolve(t)
+    assert out.mode == "json" and compiled(tok, out).accepts(text) and out.parse(text) == value
