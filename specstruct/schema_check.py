@@ -179,6 +179,14 @@ class _Checker:
                               "is present; keep one of them")
         if key == "format" and "pattern" in node:
             raise unsupported("format", path, "outlines_core drops 'format' next to 'pattern'")
+        if key == "pattern" and isinstance(node[key], str):
+            from llguidance import LLMatcher
+
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(node[key]))
+            if error:
+                detail = error.strip().splitlines()[-3] if error.count("\n") >= 3 else error.strip()
+                raise unsupported("pattern", path, f"{node[key]!r} is not a supported regex ({detail.strip()}; "
+                                  "Rust syntax, no look-around or back-references)")
         if key == "pattern" and isinstance(node[key], str) and not _json_safe(node[key]):
             raise unsupported("pattern", path, f"{node[key]!r} can match '\"', '\\\\' or a control "
                               "character, which a JSON string must escape; exclude them from the pattern, "

@@ -192,6 +192,7 @@ def test_bad_regex_names_regex_and_position(tok, source, needle):
     ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "allOf", "#"),
     ({"$ref": "#/$defs/a", "maxLength": 2, "$defs": {"a": {"type": "string"}}}, "maxLength", "#"),
     ({"type": "string", "pattern": ".*"}, "pattern", "#"),
+    ({"type": "object", "properties": {"p": {"type": "string", "pattern": "(?!a)b"}}}, "pattern", "#/properties/p"),
 ])
 def test_unsupported_keyword_names_keyword_and_path(tok, schema, keyword, path):
     with pytest.raises(ConstraintError) as e:
