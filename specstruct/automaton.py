@@ -86,20 +86,28 @@ class _Program:
             return self._forced[state]
         out, s = bytearray(), state
         while not self.is_final(s) and len(out) < 4096:
-            ids = self.allowed(s)
-            if len(ids) == 0:
+            step = self._forced_byte(s)
+            if step is None:
                 break
-            first = np.unique(self.table.first_byte[ids])
-            if len(first) != 1 or first[0] < 0 or int(first[0]) not in self.table.byte_token:
-                break
-            nxt = self.index.get_next_state(s, self.table.byte_token[int(first[0])])
-            if nxt is None:
-                break
-            out.append(int(first[0]))
-            s = nxt
+            out.append(step[0])
+            s = step[1]
         text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(bytes(out), final=False)
         self._forced[state] = text
         return text
+
+
+    def _forced_byte(self, s: int) -> tuple[int, int] | None:
+        """(byte, next state) when every legal continuation starts with the same byte, else None."""
+        byte_token = self.table.byte_token
+        if len(byte_token) >= 255:  # byte-level vocabulary: a live multi-byte token implies its first byte
+            live = [(b, n) for b, t in byte_token.items() if (n := self.index.get_next_state(s, t)) is not None]
+            return live[0] if len(live) == 1 else None
+        ids = self.allowed(s)  # other vocabularies: the first bytes of all allowed tokens
+        first = np.unique(self.table.first_byte[ids]) if len(ids) else []
+        if len(first) != 1 or first[0] < 0 or int(first[0]) not in byte_token:
+            return None
+        n = self.index.get_next_state(s, byte_token[int(first[0])])
+        return None if n is None else (int(first[0]), n)
 
 
 class _Base:
