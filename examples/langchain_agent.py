@@ -6,6 +6,11 @@ text that speculation drafts for free.
 
     specstruct pull && pip install -e integrations/langchain
     python examples/langchain_agent.py ["your question"] [--draft none]
+
+Measured here (2 busy CPU cores, greedy): the 1.5B model converts 26.2 mi -> 42.1648 km with `convert_units`, then
+multiplies by 3 with `calculator` (126.4944), all calls valid by construction; 89 tokens in 32 target passes
+(2.78 tokens/pass, 72% acceptance). A model this small sometimes ends by echoing its last call as JSON text
+instead of a sentence; wording the system prompt differently changes which step it gets wrong.
 """
 
 from __future__ import annotations
@@ -80,8 +85,7 @@ def main() -> None:
                          max_tokens=args.max_tokens)
     agent = create_agent(llm, tools=[calculator, convert_units],
                          system_prompt="You are a careful assistant. Use the tools for every conversion and "
-                                       "every calculation. Once the tool results answer the question, reply "
-                                       "to the user with one plain-English sentence that states the result.")
+                                       "every calculation, then answer in one short sentence.")
     start = time.perf_counter()
     result = agent.invoke({"messages": [{"role": "user", "content": args.question}]},
                           config={"recursion_limit": 12})
