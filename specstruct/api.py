@@ -113,6 +113,13 @@ class SpecStruct:
             )
         return ids
 
+    @staticmethod
+    def _code_stop(cfg: SpecConfig, spec: OutputSpec) -> SpecConfig:
+        """Code mode stops at the fence that closes a ```python block: what chat models write after it is prose."""
+        if spec.spec.mode == "code" and "\n```" not in cfg.stop:
+            return cfg.merged(stop=[*cfg.stop, "\n```"])
+        return cfg
+
     def _config(self, config: SpecConfig | None, **overrides: Any) -> SpecConfig:
         base = self.config if config is None else config
         return base.merged(**overrides)
@@ -126,6 +133,7 @@ class SpecStruct:
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                            seed=seed, stop=stop)
         spec = resolve(output_type)
+        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec)
         messages = self._messages(prompt, spec, system)
         attempts: list[dict[str, Any]] = []
@@ -134,6 +142,10 @@ class SpecStruct:
             try:
                 result.value = spec.parse(result.text)
             except RETRYABLE as err:
+                if result.finish_reason == "length":  # cut short (code mode): retrying with the same budget won't help
+                    raise IncompleteOutputError(
+                        f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
+                        "raise max_new_tokens", result.text, result.token_ids) from err
                 attempts.append({"text": result.text, "error": str(err), "stats": result.stats})
                 messages = messages + [
                     {"role": "assistant", "content": result.text},
@@ -196,6 +208,7 @@ class SpecStruct:
         partial object. The last chunk carries the validated Result; a stream is validated once, without retries."""
         cfg = self._config(config, **overrides)
         spec = resolve(output_type)
+        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec).fork()
         ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
         detok = IncrementalDetokenizer(self.tokenizer)
