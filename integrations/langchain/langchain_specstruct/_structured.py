@@ -25,6 +25,10 @@ def _native_output_type(schema: Any) -> Any:
     Pydantic v1 classes), which go to the engine as their JSON schema."""
     if not isinstance(schema, type):
         return None
+    from pydantic import v1
+
+    if issubclass(schema, v1.BaseModel):
+        return None  # Pydantic v2 cannot describe v1 classes: use their JSON schema
     from specstruct.errors import ConstraintError
     from specstruct.output_types import resolve
 
