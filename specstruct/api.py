@@ -88,6 +88,16 @@ class SpecStruct:
         return compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
                                   eos_token_ids=self.eos_token_ids)
 
+    def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None) -> list[dict[str, Any]]:
+        """The chat messages a call sends: the prompt plus a system instruction naming the output's schema."""
+        return self._messages(prompt, resolve(output_type), system)
+
+    def prompt_ids(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+                   tools: list[dict] | None = None, max_new_tokens: int | None = None) -> list[int]:
+        """The exact prompt token ids a call sends to the model (chat template applied)."""
+        return self._encode(self.messages(prompt, output_type, system=system), tools,
+                            max_new_tokens or self.config.max_new_tokens)
+
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
@@ -145,7 +155,7 @@ class SpecStruct:
                 if result.finish_reason == "length":  # cut short (code mode): retrying with the same budget won't help
                     raise IncompleteOutputError(
                         f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
-                        "raise max_new_tokens", result.text, result.token_ids) from err
+                        "raise max_new_tokens", result.text, result.token_ids, result.stats) from err
                 attempts.append({"text": result.text, "error": str(err), "stats": result.stats})
                 messages = messages + [
                     {"role": "assistant", "content": result.text},
@@ -179,22 +189,11 @@ class SpecStruct:
         if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
-                f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids)
+                f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
         return text
 
     @overload
     def generate(self, prompt: Prompt, output_type: None = None, **kwargs: Any) -> str: ...
-    def _finish(self, decode, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig) -> str:
-        """The final text (cut at a stop string); raises when max_new_tokens cut a structured output short."""
-        text = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
-        for s in cfg.stop:
-            if s in text:
-                text = text[: text.index(s)]
-        if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
-            raise IncompleteOutputError(
-                f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
-                f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids)
-        return text
 
     @overload
     def generate(self, prompt: Prompt, output_type: type[T], **kwargs: Any) -> T: ...

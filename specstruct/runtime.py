@@ -100,8 +100,10 @@ def restore_stock(model: torch.nn.Module) -> None:
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
             del mod.forward
-    if getattr(model.config, "_attn_implementation", None) == _ATTN_NAME:
-        model.config._attn_implementation = "sdpa"
+    for sub in model.modules():
+        cfg = getattr(sub, "config", None)
+        if getattr(cfg, "_attn_implementation", None) == _ATTN_NAME:
+            cfg._attn_implementation = "sdpa"
     model.__dict__.pop("_specstruct_numerics", None)
 
 
