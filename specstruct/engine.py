@@ -104,6 +104,14 @@ class Decode:
         m = c.mask()
         return int(m.sum()) == sum(int(m[e]) for e in self.engine.eos if e < m.shape[0])
 
+    def _finished(self) -> str | None:
+        """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
+        if self._hit_stop():
+            return "stop"
+        if len(self.token_ids) >= self.config.max_new_tokens:
+            return "length"
+        return None
+
     def _hit_stop(self) -> bool:
         """True when a stop string has appeared; token_ids are then trimmed to end with the token that completed
         it, exactly where one-token-at-a-time decoding would have stopped."""
@@ -151,12 +159,14 @@ class Decode:
         offset = 0
         for name, count in segments:
             got = max(0, min(count, accepted - offset))
+            judged = offset <= accepted  # the target reached this drafter's first token
             offset += count
             st = self.stats.per_drafter.setdefault(name, DrafterStats())
             st.proposed += count
             st.accepted += got
-            self.policy.observe(self.constraint.mode, name, count, got)
-            self.engine.drafters[name].observe(count, got)
+            if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                self.policy.observe(self.constraint.mode, name, count, got)
+                self.engine.drafters[name].observe(count, got)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
@@ -181,14 +191,9 @@ class Decode:
                     raise RuntimeError(f"internal error: token {pending} chosen under the mask was rejected")
                 self.token_ids.append(pending)
                 yield [pending]
-                if self._hit_stop():
-                    self.finish_reason = "stop"
-                    return
-                if len(self.token_ids) >= cfg.max_new_tokens:
-                    self.finish_reason = "length"
-                    return
-                if self._only_eos_left():  # the output is complete: no pass needed to pick EOS
-                    self.finish_reason = "stop"
+                reason = self._finished() or ("stop" if self._only_eos_left() else None)  # complete: no pass for EOS
+                if reason:
+                    self.finish_reason = reason
                     return
                 # 2-3. plan and draft (never past max_new_tokens: the pass adds one token of its own)
                 cands, qs, segments = self._draft(cfg.max_new_tokens - len(self.token_ids) - 1)
@@ -224,14 +229,9 @@ class Decode:
                     c.advance(accepted)
                     self.token_ids += accepted
                     yield accepted
-                if ends:
-                    self.finish_reason = "stop"
-                    return
-                if self._hit_stop():
-                    self.finish_reason = "stop"
-                    return
-                if len(self.token_ids) >= cfg.max_new_tokens:
-                    self.finish_reason = "length"
+                reason = "stop" if ends else self._finished()
+                if reason:
+                    self.finish_reason = reason
                     return
         finally:
             st.new_tokens = len(self.token_ids)

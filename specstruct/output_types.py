@@ -52,9 +52,13 @@ class Choice:
 
 @dataclass(frozen=True)
 class Grammar:
-    """Text in the language of a Lark grammar (llguidance dialect; the start rule is `start`)."""
+    """Text in the language of a Lark grammar (llguidance dialect; the start rule is `start`).
+
+    `instruction` is the sentence added to the system prompt (None: one that quotes the grammar; "": nothing,
+    e.g. when the chat template already describes the format, as with tool calls)."""
 
     lark: str
+    instruction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,10 @@ def resolve(output_type: Any) -> OutputSpec:
     if isinstance(output_type, Choice):
         return _choice(list(output_type.options), output_type, lambda t: t)
     if isinstance(output_type, Grammar):
-        return OutputSpec(ConstraintSpec("grammar", output_type.lark, "grammar"), None,
-                          "Answer with text in the language of this Lark grammar:\n" + output_type.lark,
+        instruction = output_type.instruction
+        if instruction is None:
+            instruction = "Answer with text in the language of this Lark grammar:\n" + output_type.lark
+        return OutputSpec(ConstraintSpec("grammar", output_type.lark, "grammar"), None, instruction,
                           lambda t: t, output_type)
     if isinstance(output_type, Code):
         return OutputSpec(ConstraintSpec("code", None, "code"), None,
