@@ -217,7 +217,7 @@ class SpecStruct:
             for new in decode:
                 delta = detok.push(new)
                 if delta:
-                    yield Chunk(text=delta, partial=partial_json(detok.tokenizer.decode(detok.ids)) if json_mode else None)
+                    yield Chunk(text=delta, partial=partial_json(detok.text) if json_mode else None)
         text = self._finish(decode, spec, constraint, cfg)
         try:
             value = spec.parse(text)

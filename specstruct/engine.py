@@ -175,7 +175,7 @@ class Decode:
         self.policy.config = cfg
         model_drafter = self.engine.drafters.get("model")
         if model_drafter is not None:
-            model_drafter.reset(self.prompt, self.generator)
+            model_drafter.reset(self.generator)
         start = time.perf_counter()
         logits = rt.prefill(self.prompt)
         st.prefill_s = time.perf_counter() - start

@@ -12,11 +12,12 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
+        self.text = ""  # everything decoded so far
         self.emitted = 0  # characters already handed out
 
     def push(self, ids: Sequence[int]) -> str:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        self.text = text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
         delta, self.emitted = text[self.emitted :], len(text)

@@ -27,7 +27,8 @@ class DraftModelDrafter:
         self.generator: torch.Generator | None = None
         self.step_seconds: list[tuple[int, float]] = []  # (rows, seconds) per draft pass, for the cost model
 
-    def reset(self, prompt: Sequence[int], generator: torch.Generator | None = None) -> None:
+    def reset(self, generator: torch.Generator | None = None) -> None:
+        """Start a new request: the cache is re-synced (prefilled) on the first propose()."""
         self.tokens = []
         self.generator = generator
 
