@@ -12,13 +12,12 @@ from typing import Any, Iterator, Sequence, TypeVar, overload
 import torch
 
 from .config import SpecConfig
-from .constraints import compile_constraint
-from .engine import Engine
+from .constraints import Constraint, compile_constraint
+from .decoding.engine import Engine
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
-from .interfaces import Constraint
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
-from .runtime import ModelRuntime, quantize_draft
+from .decoding.runtime import ModelRuntime, quantize_draft
 from .streaming import IncrementalDetokenizer, partial_json
 
 T = TypeVar("T")
@@ -47,7 +46,7 @@ class SpecStruct:
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         if draft_model is not None:
-            from .models import check_same_vocab
+            from .models.loading import check_same_vocab
 
             check_same_vocab(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
         self.eos_token_ids = eos_token_ids(tokenizer, model)
@@ -67,7 +66,7 @@ class SpecStruct:
                         decoding_params: dict[str, Any] | None = None) -> "SpecStruct":
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
         model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig."""
-        from .models import load
+        from .models.loading import load
 
         config = config or SpecConfig(**(decoding_params or {}))
         device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, get_args, get_origin
 
 from specstruct.errors import ConstraintError
-from specstruct.interfaces import ConstraintSpec, Mode
-from specstruct.schema_check import relaxed
+from specstruct.constraints.base import ConstraintSpec, Mode
+from specstruct.constraints.schema_check import relaxed
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def main(
     """Run the benchmark and print the table (medians over prompts, with the spread)."""
     from rich.console import Console
 
-    from .baselines import Settings
+    from .measure import Settings
     from .report import write_json
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a wide table stays readable in logs

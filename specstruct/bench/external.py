@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-from .baselines import Measurement, Settings, chat_ids, prompt_messages
+from .measure import Measurement, Settings, chat_ids, prompt_messages
 from .fairness import linear_numerics
 from .workloads import Workload
 
@@ -25,7 +25,7 @@ def stock_numerics(*models: Any) -> Iterator[None]:
     if not patched:
         yield
         return
-    from ..runtime import make_row_invariant, restore_stock
+    from ..decoding.runtime import make_row_invariant, restore_stock
 
     for m in patched:
         restore_stock(m)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ..runtime import ModelRuntime, quantize_draft, restore_stock
+from ..decoding.runtime import ModelRuntime, quantize_draft, restore_stock
 
 KS = (1, 2, 4, 8, 9)
 

@@ -19,7 +19,9 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from ..errors import ConstraintError
-from .baselines import HFSide, Measurement, OutlinesSide, Settings, SpecStructSide
+from .baselines import SpecStructSide
+from .external import HFSide, OutlinesSide
+from .measure import Measurement, Settings
 from .fairness import require_same, weights_fingerprint
 from .summary import EXTERNAL, SPEC, TARGET_ONLY, summarize
 from .workloads import SCENARIOS, Workload, humaneval_completion, load_workloads

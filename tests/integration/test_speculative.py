@@ -15,10 +15,10 @@ import torch
 from scipy.stats import chi2_contingency
 
 from specstruct.config import SpecConfig
-from specstruct.constraints import compile_constraint
-from specstruct.engine import Engine
-from specstruct.interfaces import ConstraintSpec
-from specstruct.runtime import ModelRuntime, quantize_draft
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.decoding.engine import Engine
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.decoding.runtime import ModelRuntime, quantize_draft
 
 PERSON = {
     "type": "object",

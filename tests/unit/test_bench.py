@@ -11,7 +11,8 @@ import json
 import pytest
 
 from specstruct.bench import ComparisonError, run_benchmark
-from specstruct.bench.baselines import Settings, stock_numerics
+from specstruct.bench.external import stock_numerics
+from specstruct.bench.measure import Settings
 from specstruct.bench.fairness import linear_numerics, weights_fingerprint
 from specstruct.bench.report import plot, problems, write_json
 from specstruct.bench.summary import spread, summarize

@@ -14,7 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specstruct import cli, models
+from specstruct import models
+from specstruct.cli import commands as cli
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 runner = CliRunner()

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specstruct.constraints import choice_regex, compile_constraint, json_regex
+from specstruct.constraints.compiler import choice_regex, compile_constraint, json_regex
 from specstruct.errors import ConstraintError
-from specstruct.interfaces import ConstraintSpec
+from specstruct.constraints.base import ConstraintSpec
 
 VOCAB = 408  # tiny_model pads the LM head beyond len(tokenizer) == 400
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -244,8 +244,8 @@ def test_compiled_programs_are_cached_and_masks_shared(tok):
 
 
 def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
-    import specstruct.constraints as C
-    import specstruct.token_table as T
+    import specstruct.constraints.compiler as C
+    import specstruct.constraints.token_table as T
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
     monkeypatch.setattr(C, "_PROGRAMS", {})
@@ -282,8 +282,8 @@ def test_user_regex_cannot_escape_its_group(tok):
 
 
 def test_mask_cache_is_bounded(tok, monkeypatch):
-    import specstruct.automaton as A
-    import specstruct.constraints as C
+    import specstruct.constraints.automaton as A
+    import specstruct.constraints.compiler as C
 
     monkeypatch.setattr(C, "_PROGRAMS", {})
     monkeypatch.setattr(A, "MASK_CACHE_BYTES", 0)  # floor: 8 cached masks per program
@@ -315,7 +315,7 @@ def test_numeric_regex_matches_python_comparisons():
     import random
     import re
 
-    from specstruct.numeric_regex import integer_regex, number_regex
+    from specstruct.constraints.numeric_regex import integer_regex, number_regex
 
     rnd = random.Random(0)
     for _ in range(150):

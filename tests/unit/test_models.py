@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specstruct import models, provisioning
+from specstruct import models
+from specstruct.models import provisioning
 from specstruct.errors import IncompatibleDraftError, ModelNotFoundError
 from specstruct.testing import tiny_model, tiny_tokenizer
 

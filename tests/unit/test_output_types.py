@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from pydantic import BaseModel, Field
 
-from specstruct.constraints import compile_constraint
+from specstruct.constraints.compiler import compile_constraint
 from specstruct.errors import ConstraintError
 from specstruct.output_types import Choice, Code, Grammar, Regex, parse_code, resolve
 

@@ -1,7 +1,7 @@
 """The candidate policy on its own: no model needed."""
 
 from specstruct.config import SpecConfig
-from specstruct.policy import AdaptivePolicy, expected_tokens
+from specstruct.decoding.policy import AdaptivePolicy, expected_tokens
 
 ALL = {"forced", "lookup", "model"}
 

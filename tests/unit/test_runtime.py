@@ -2,7 +2,7 @@ import random
 
 import torch
 
-from specstruct.runtime import ModelRuntime, restore_stock
+from specstruct.decoding.runtime import ModelRuntime, restore_stock
 from specstruct.testing import tiny_model
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specstruct.verify import distribution, verify_greedy, verify_sampling
+from specstruct.decoding.verify import distribution, verify_greedy, verify_sampling
 
 V = 6
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from specstruct.errors import ModelNotFoundError
-from specstruct.models import (DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, ModelSpec, _spec, model_dir,
+from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, ModelSpec, _spec, model_dir,
                                pull_command)
 
 _CHUNK = 8 << 20  # 8 MiB: streaming unit for assembling and hashing

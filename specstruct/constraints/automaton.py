@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specstruct.token_table import TERMINATOR_ID, TokenTable
+from specstruct.constraints.token_table import TERMINATOR_ID, TokenTable
 
 _DONE = -1  # state after EOS: only EOS stays legal
 MASK_CACHE_BYTES = 128 * 2**20  # per program; bool masks cost vocab_size bytes each

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specstruct.constraints.cache import cache_dir, write_atomic
+
 TERMINATOR, TERMINATOR_ID = b"\x00", 2**31 - 1  # an id no real vocabulary reaches
 _FORMAT = "2"
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -82,8 +84,6 @@ def token_table(tokenizer) -> TokenTable:
     except (KeyError, TypeError):
         pass
     key = fingerprint(tokenizer)
-    from specstruct.constraints import cache_dir
-
     path = cache_dir() / key / "table.pkl"
     table = None
     if path.exists():
@@ -94,13 +94,7 @@ def token_table(tokenizer) -> TokenTable:
     if table is None:
         table = build_table(tokenizer, key)
         table.vocabulary()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(pickle.dumps(table))
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        write_atomic(path, pickle.dumps(table))
     try:
         _MEMO[tokenizer] = table
     except TypeError:

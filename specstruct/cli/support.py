@@ -1,6 +1,6 @@
 """Plumbing of the `specstruct` CLI: exit codes, one-line errors, output types from options, printing.
 
-Kept apart from the commands (specstruct/cli.py) so each file stays short; nothing here imports torch."""
+Kept apart from the commands (specstruct/cli/commands.py) so each file stays short; nothing here imports torch."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """JSON-schema conformance on JSONSchemaBench: does every schema compile or refuse cleanly, and does the
 automaton accept the valid instances (and reject the invalid ones)?
 
-    python -m specstruct.conformance [--limit N] [--out report.json] [--timeout 20]
+    python -m specstruct.bench.conformance [--limit N] [--out report.json] [--timeout 20]
 
 For each schema: compile it with the tiny byte-level BPE tokenizer (it has all 256 bytes, so any text is
 writable). A schema must either compile or raise ConstraintError; anything else is a crash. For compiled
@@ -30,7 +30,7 @@ VOCAB_SIZE, EOS = 408, 2  # tiny_model's padded LM head; <|im_end|>
 def corpus_dir() -> Path | None:
     """The JSONSchemaBench folder: env SPECSTRUCT_JSONSCHEMABENCH, else ../shared/data/jsonschemabench."""
     env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
-    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jsonschemabench"
+    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
     return path if path.is_dir() else None
 
 
@@ -96,9 +96,9 @@ def _best_branch(value: Any, branches: list, root: Any) -> Any:
 
 def check_one(path: str, tokenizer=None) -> dict:
     """Compile one corpus schema and walk its instances. Never raises: crashes are recorded."""
-    from specstruct.constraints import compile_constraint
+    from specstruct.constraints.compiler import compile_constraint
     from specstruct.errors import ConstraintError
-    from specstruct.interfaces import ConstraintSpec
+    from specstruct.constraints.base import ConstraintSpec
     from specstruct.testing import tiny_tokenizer
 
     tokenizer = tokenizer or tiny_tokenizer()
@@ -247,7 +247,7 @@ def summarise(records: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specstruct.conformance", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specstruct.bench.conformance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=None, help="check a deterministic sample of N schemas")
     ap.add_argument("--seed", type=int, default=0, help="sample seed (with --limit)")
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per schema before it counts as too complex")

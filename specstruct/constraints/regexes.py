@@ -19,8 +19,8 @@ import json
 from typing import Sequence
 
 from specstruct.errors import ConstraintError
-from specstruct.numeric_regex import splice
-from specstruct.schema_check import prepare_schema
+from specstruct.constraints.numeric_regex import splice
+from specstruct.constraints.schema_check import prepare_schema
 
 _WS = "\x00ws\x00"  # whitespace placeholder, resolved by json_regex
 _PLAIN_CHAR = r'([^"\\\x00-\x1F\x7F-\x9F])'  # a JSON string character that needs no escape

@@ -21,21 +21,18 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from specstruct.automaton import AutomatonConstraint, FreeTextConstraint, _Program
+from specstruct.constraints.cache import cache_dir, write_atomic
+from specstruct.constraints.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
-from specstruct.grammar_constraint import GrammarConstraint
-from specstruct.interfaces import ConstraintSpec
-from specstruct.regexes import choice_regex, json_regex
-from specstruct.token_table import TokenTable, token_table
+from specstruct.constraints.grammar import GrammarConstraint
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.regexes import choice_regex, json_regex
+from specstruct.constraints.token_table import TokenTable, token_table
 
 __all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
 
 _FORMAT_VERSION = "2"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "constraints"
 
 
 _PROGRAMS: dict[tuple, _Program] = {}
@@ -87,7 +84,7 @@ def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
         index = Index(f"(?:{regex})\\x00", table.vocabulary())
     except (ValueError, RuntimeError) as e:
         raise _regex_error(regex, spec, str(e)) from e
-    _write_atomic(path, index.__reduce__()[1][0])
+    write_atomic(path, index.__reduce__()[1][0])
     return index
 
 
@@ -109,13 +106,3 @@ def _regex_error(regex: str, spec: ConstraintSpec, message: str) -> ConstraintEr
     shown = regex if len(regex) < 200 else regex[:200] + "..."
     return ConstraintError(f"invalid regex {shown!r}: {detail.strip()}\nFix the pattern (Rust regex syntax: "
                            "no look-around or back-references).")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs compile time

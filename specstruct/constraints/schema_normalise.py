@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from specstruct.constraints.numeric_regex import expressible
+
 SUPPORTED_FORMATS = {"date-time", "date", "time", "uuid", "uri", "email"}
 DISPATCH = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref", "type")
 # Keywords that constrain instances but that outlines_core never enforces anywhere.
@@ -76,7 +78,6 @@ def relaxed(schema: dict) -> dict:
 
 
 def _relax(node: Any) -> Any:
-    from specstruct.numeric_regex import expressible
 
     if isinstance(node, list):
         return [_relax(v) for v in node]
@@ -104,9 +105,8 @@ def _usable_pattern(pattern: str) -> bool:
     """A pattern outlines_core can compile (Rust syntax, no look-around) that stays inside a JSON string."""
     from llguidance import LLMatcher
 
-    from specstruct.schema_check import _json_safe
 
-    return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern)) and _json_safe(pattern)
+    return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern)) and json_safe_pattern(pattern)
 
 
 def _normalise(node: Any, root: Any, drop, is_root: bool = False, depth: int = 0) -> Any:
@@ -260,3 +260,17 @@ def _strip_anchors(pattern: str) -> str:
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1]
     return pattern
+
+
+def json_safe_pattern(pattern: str) -> bool:
+    """True when no string matching `pattern` contains a byte that must be escaped inside a JSON string.
+    outlines_core inserts the pattern verbatim between quotes, so such a byte would break the JSON."""
+    from outlines_core import Index, Vocabulary
+
+    vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    try:
+        index = Index(pattern, vocab)
+    except (ValueError, RuntimeError):
+        return True  # not compilable at all: compile_constraint reports that error precisely
+    bad = set(range(0x20)) | {0x22, 0x5C}
+    return not any(bad & set(edges) for edges in index.get_transitions().values())

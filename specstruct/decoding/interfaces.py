@@ -1,6 +1,6 @@
-"""The seams between modules, as Protocols so test doubles need no inheritance.
+"""The seams of the decoder, as Protocols so test doubles need no inheritance.
 
-    api -> engine -> {drafting, verify, policy, runtime, constraints}
+    engine -> {drafting (Drafter), policy (Policy), runtime (Runtime), verify} ; constraints via Constraint
 
 Nothing here imports torch at module level beyond typing; implementations live in their own modules.
 """
@@ -8,61 +8,12 @@ Nothing here imports torch at module level beyond typing; implementations live i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+
+from specstruct.constraints.base import Constraint, Mode
 
 if TYPE_CHECKING:
     import torch
-
-Mode = Literal["json", "regex", "choice", "grammar", "code", "text"]
-Kind = Literal["json", "regex", "choice", "grammar", "code", "text"]
-
-
-@dataclass(frozen=True)
-class ConstraintSpec:
-    """What to compile. `source` is a JSON-schema string (json), a regex (regex), a JSON list of
-    strings (choice), a Lark grammar (grammar) or None (text, code)."""
-
-    kind: Kind
-    source: str | None
-    mode: Mode
-
-
-@runtime_checkable
-class Constraint(Protocol):
-    """A compiled constraint with an explicit, rollback-able matcher state.
-
-    `mask()` returns a bool tensor [vocab_size] of tokens legal next (EOS included exactly where the
-    output is complete). The tensor may be cached and shared: never modify it in place.
-    """
-
-    mode: Mode
-    vocab_size: int
-
-    def mask(self) -> "torch.Tensor": ...
-
-    def advance(self, tokens: Sequence[int]) -> int:
-        """Consume tokens in order; stop at the first illegal one. Returns how many were consumed."""
-        ...
-
-    def rollback(self, n: int) -> None:
-        """Undo the last n consumed tokens."""
-        ...
-
-    def forced_text(self) -> str:
-        """Text the grammar forces next from this state ('' when there is a choice)."""
-        ...
-
-    def is_final(self) -> bool:
-        """True when the output so far is complete (EOS is legal)."""
-        ...
-
-    def fork(self) -> "Constraint":
-        """An independent copy of the current state (for drafting ahead)."""
-        ...
-
-    def accepts(self, text: str) -> bool:
-        """Tokenize `text` as the engine would, walk it through the automaton, and report whether it is complete."""
-        ...
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .config import SpecConfig
+from specstruct.config import SpecConfig
 from .interfaces import Mode, Plan
 
 EMA = 0.3  # weight of the newest observation in the moving averages

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from specstruct.cli_support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
+from specstruct.cli.support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
                                     EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats,
                                     read_text, load_schema, render_value, state)
 

@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from specstruct.errors import ConstraintError
-from specstruct.numeric_regex import mark_numeric
-from specstruct.schema_normalise import (  # noqa: F401  (relaxed is re-exported for output_types)
+from specstruct.constraints.numeric_regex import mark_numeric
+from specstruct.constraints.schema_normalise import (json_safe_pattern,   # noqa: F401  (relaxed is re-exported for output_types)
     ANY_TYPE, BY_TYPE, CONTAINERS, DISPATCH, NEVER, normalise, relaxed,
 )
 
@@ -187,21 +187,7 @@ class _Checker:
                 detail = error.strip().splitlines()[-3] if error.count("\n") >= 3 else error.strip()
                 raise unsupported("pattern", path, f"{node[key]!r} is not a supported regex ({detail.strip()}; "
                                   "Rust syntax, no look-around or back-references)")
-        if key == "pattern" and isinstance(node[key], str) and not _json_safe(node[key]):
+        if key == "pattern" and isinstance(node[key], str) and not json_safe_pattern(node[key]):
             raise unsupported("pattern", path, f"{node[key]!r} can match '\"', '\\\\' or a control "
                               "character, which a JSON string must escape; exclude them from the pattern, "
                               "e.g. [^\"\\\\]* instead of .*")
-
-
-def _json_safe(pattern: str) -> bool:
-    """True when no string matching `pattern` contains a byte that must be escaped inside a JSON string.
-    outlines_core inserts the pattern verbatim between quotes, so such a byte would break the JSON."""
-    from outlines_core import Index, Vocabulary
-
-    vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
-    try:
-        index = Index(pattern, vocab)
-    except (ValueError, RuntimeError):
-        return True  # not compilable at all: compile_constraint reports that error precisely
-    bad = set(range(0x20)) | {0x22, 0x5C}
-    return not any(bad & set(edges) for edges in index.get_transitions().values())

@@ -18,11 +18,11 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .config import SpecConfig
+from specstruct.config import SpecConfig
 from .drafting import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
 from .interfaces import Constraint
 from .policy import AdaptivePolicy
-from .results import DrafterStats, Stats
+from specstruct.results import DrafterStats, Stats
 from .runtime import ModelRuntime
 from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 

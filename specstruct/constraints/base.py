@@ -1,0 +1,62 @@
+"""What to compile and what a compiled constraint offers: the seam between the constraint compiler and the decoder.
+
+The decoder (`specstruct.decoding`) knows constraints only through the `Constraint` Protocol below, so a new backend
+plugs in by returning an object with these methods from `compile_constraint`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+Mode = Literal["json", "regex", "choice", "grammar", "code", "text"]
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What to compile. `source` is a JSON-schema string (json), a regex (regex), a JSON list of
+    strings (choice), a Lark grammar (grammar) or None (text, code). `kind` is also the output mode."""
+
+    kind: Mode
+    source: str | None
+    mode: Mode
+
+@runtime_checkable
+class Constraint(Protocol):
+    """A compiled constraint with an explicit, rollback-able matcher state.
+
+    `mask()` returns a bool tensor [vocab_size] of tokens legal next (EOS included exactly where the
+    output is complete). The tensor may be cached and shared: never modify it in place.
+    """
+
+    mode: Mode
+    vocab_size: int
+
+    def mask(self) -> "torch.Tensor": ...
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        """Consume tokens in order; stop at the first illegal one. Returns how many were consumed."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n consumed tokens."""
+        ...
+
+    def forced_text(self) -> str:
+        """Text the grammar forces next from this state ('' when there is a choice)."""
+        ...
+
+    def is_final(self) -> bool:
+        """True when the output so far is complete (EOS is legal)."""
+        ...
+
+    def fork(self) -> "Constraint":
+        """An independent copy of the current state (for drafting ahead)."""
+        ...
+
+    def accepts(self, text: str) -> bool:
+        """Tokenize `text` as the engine would, walk it through the automaton, and report whether it is complete."""
+        ...
