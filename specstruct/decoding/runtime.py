@@ -8,24 +8,22 @@ decoding both fast and lossless there:
   AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
   while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
   costs about 1.5x one token instead of 2.6x (see docs/benchmarks.md).
-- Attention for short query blocks (decoding, verification) is computed row by row over exactly the keys each
-  row may see, so a token's logits never depend on which other tokens share the pass.
+- Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a token's
+  logits never depend on which other tokens -- of its own sequence or of other sequences -- share the pass, nor
+  on how a prompt is chunked.
 
-Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding.
-Prefill (long blocks) uses stock SDPA: it is the same pass with or without speculation.
+Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, and
+a batched row's output equal to the same request decoded alone.
 """
 
 from __future__ import annotations
 
-import inspect
 import types
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
-ROWWISE_MAX_ROWS = 32  # query blocks up to this size use exact row-by-row attention
-_ATTN_NAME = "specstruct_rowwise"
+from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
 def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -36,37 +34,6 @@ def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
         rows = torch.cat([rows, rows])  # oneDNN's 1-row kernel sums differently: keep every row on one path
     y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [], "")
     return y[:n].reshape(*x.shape[:-1], y.shape[-1])
-
-
-def _rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query [1, H, Lq, D], key/value [1, Hkv, Lk, D] (cache included) -> ([1, Lq, H, D], None)."""
-    b, h, lq, d = query.shape
-    hkv, lk = key.shape[1], key.shape[2]
-    scaling = scaling if scaling is not None else d**-0.5
-    if b != 1 or lq > ROWWISE_MAX_ROWS:
-        # Long blocks (prefill): stock SDPA with an explicit causal mask aligned to the cache end.
-        causal = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril(lk - lq)
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=causal, scale=scaling, enable_gqa=(h != hkv)
-        )
-        return out.transpose(1, 2).contiguous(), None
-    g = h // hkv
-    q = query[0].reshape(hkv, g, lq, d)  # [Hkv, g, Lq, D]
-    k, v = key[0], value[0]  # [Hkv, Lk, D]
-    rows = []
-    for i in range(lq):
-        seen = lk - lq + i + 1  # keys visible to row i
-        s = torch.matmul(q[:, :, i, :], k[:, :seen, :].transpose(1, 2)) * scaling  # [Hkv, g, seen]
-        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
-        rows.append(torch.matmul(p, v[:, :seen, :]))  # [Hkv, g, D]
-    out = torch.stack(rows, dim=2).reshape(h, lq, d)  # [H, Lq, D]
-    return out.transpose(0, 1).unsqueeze(0).contiguous(), None  # [1, Lq, H, D]
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(_ATTN_NAME, _rowwise_attention)
 
 
 def row_invariant_available(model: torch.nn.Module) -> bool:
@@ -85,12 +52,7 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
             mod.forward = types.MethodType(_onednn_linear_forward, mod)
-    _register_attention()
-    model.config._attn_implementation = _ATTN_NAME
-    for sub in model.modules():  # submodules keep their own config reference in some architectures
-        cfg = getattr(sub, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation"):
-            cfg._attn_implementation = _ATTN_NAME
+    use_packed_attention(model)
     model._specstruct_numerics = "float32, row-invariant (oneDNN linear >=2 rows, row-wise attention)"
     return model._specstruct_numerics
 
@@ -102,7 +64,7 @@ def restore_stock(model: torch.nn.Module) -> None:
             del mod.forward
     for sub in model.modules():
         cfg = getattr(sub, "config", None)
-        if getattr(cfg, "_attn_implementation", None) == _ATTN_NAME:
+        if getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
             cfg._attn_implementation = "sdpa"
     model.__dict__.pop("_specstruct_numerics", None)
 
@@ -129,51 +91,49 @@ def output_rows(model: torch.nn.Module) -> int:
 
 
 class ModelRuntime:
-    """One sequence (batch size 1) of a transformers causal LM with an explicit DynamicCache."""
+    """A transformers causal LM with packed ragged passes over per-sequence KV caches (packed.py), plus one
+    default sequence for the single-sequence calls prefill / extend / crop."""
 
     def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
-        from transformers import DynamicCache
-
         self.model = model.eval()
-        self._cache_cls = DynamicCache
         self.numerics = make_row_invariant(model) if row_invariant else "stock"
+        use_packed_attention(model)  # packing needs the segment-aware attention whatever the linear kernel
         self.device = next(model.parameters()).device
         self.vocab_size = output_rows(model)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-        self.cache = None
-        self._length = 0
-        # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # int8 dynamic quantization scales activations per tensor: rows then depend on their neighbours
+        self.row_invariant = "row-invariant" in self.numerics and not hasattr(model, "_specstruct_draft_numerics")
+        self.seq: KVSequence | None = None
+
+    # -- many sequences -------------------------------------------------------------------------------------
+    def sequence(self) -> KVSequence:
+        """A new, empty sequence (its own KV cache) for `forward`."""
+        return KVSequence(self.model.config)
+
+    def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int]) -> list[torch.Tensor]:
+        """One packed pass over every (sequence, new tokens); logits of each segment's last keep[i] tokens."""
+        return forward_packed(self.model, segments, keep)
+
+    # -- one default sequence -------------------------------------------------------------------------------
+    @property
+    def cache(self):
+        return None if self.seq is None else self.seq.cache
 
     @property
     def length(self) -> int:
-        return self._length
+        return 0 if self.seq is None else self.seq.length
 
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
         """Start a new sequence; returns the logits after the last prompt token, shape [vocab]."""
-        self.cache = self._cache_cls(config=self.model.config)
-        self._length = 0
+        self.seq = self.sequence()
         return self.extend(ids)[-1]
 
-    @torch.inference_mode()
     def extend(self, ids: Sequence[int]) -> torch.Tensor:
         """Append tokens; returns their logits, shape [len(ids), vocab] (float32)."""
-        if self.cache is None:
+        if self.seq is None:
             raise RuntimeError("call prefill() before extend()")
-        n = len(ids)
-        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
-        positions = torch.arange(self._length, self._length + n, device=self.device).unsqueeze(0)  # [1, n]
-        cache_kw = {self._cache_arg: self.cache}
-        out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, **cache_kw)
-        self._length += n
-        return out.logits[0].float()  # [n, vocab]
+        return self.forward([(self.seq, ids)], [len(ids)])[0]
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on."""
-        remove = self._length - length
-        if remove < 0:
-            raise ValueError(f"cannot crop to {length}: only {self._length} positions are cached")
-        if remove:
-            self.cache.crop(-remove)  # a negative count removes from the end (transformers 4.x and 5.x)
-            self._length = length
+        self.seq.crop(length)

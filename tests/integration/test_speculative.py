@@ -110,7 +110,9 @@ def _snapshots(eng, tok, prompt, constraint, **cfg):
     dec = eng.decode(ids, constraint.fork(), SpecConfig(**cfg))
     snaps = {}
     for _ in dec:
-        rt = eng.target
+        rt = dec.kv  # the row's own target KV sequence (freed once the row finished)
+        if rt is None:
+            continue
         keys = rt.cache.layers[0].keys[0, :, : rt.length].clone()
         c = dec.constraint
         snaps[len(dec.token_ids)] = (rt.length - len(ids), keys, c.mask().clone(), c.forced_text(), c.is_final())

@@ -1,0 +1,196 @@
+"""Many requests decoded in lockstep: each step() runs ONE target pass (plus packed draft passes) for all rows.
+
+A step:
+  1. prefill  rows still reading their prompt get the next chunk (at most `prefill_chunk` tokens in all while
+              other rows decode, so a long prompt never freezes them; larger chunks when nobody decodes)
+  2. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
+              policy (batch_policy.py) sets each row's draft-model length; the draft model drafts for all rows
+              in packed passes (draft_batch.py)
+  3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
+              chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
+  4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
+              next token; finished rows leave and free their caches
+
+A row that fails (its constraint raises, say) is finished alone with `finish_reason == "error"` and the exception
+on `row.error`; the other rows are untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .batch_policy import Demand, allocate
+from .draft_batch import DraftState, Job, run_drafts
+from .row import Row, Step
+
+IDLE_PREFILL = 256  # prefill chunk when no row is decoding (row-invariance of the linear kernel is measured to 300)
+
+
+class BatchDecoder:
+    """Decodes many requests in lockstep. `add` admits a row made by `engine.decode(...)`; `step` advances all;
+    finished rows leave by themselves, `remove` cancels one."""
+
+    def __init__(self, engine: Any, *, prefill_chunk: int = 32):
+        self.engine = engine
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.rows: list[Row] = []
+        model = engine.drafters.get("model")
+        self.draft = model.runtime if model is not None else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Row) -> None:
+        """Admit a request; its prompt is prefilled by the following steps."""
+        row.kv = self.engine.target.sequence()
+        row.started = time.perf_counter()
+        cfg = row.config
+        if self.draft is not None and cfg.enable_speculative and cfg.use_draft_model:
+            row.draft_kv = DraftState(self.draft)
+        self.rows.append(row)
+
+    def remove(self, row: Row) -> None:
+        """Cancel (or forget a finished) row: frees its KV caches and constraint state."""
+        if row in self.rows:
+            self.rows.remove(row)
+        row.kv = row.draft_kv = None
+        if not row.finished:  # cancelled: its stats still say what it did
+            row.stats.new_tokens = len(row.token_ids)
+            row.stats.elapsed_s = time.perf_counter() - row.started
+            row.stats.batch_rows = row.rows_seen / row.passes if row.passes else 0.0
+
+    def _alone(self, row: Row) -> bool:
+        return row.seeded and not self.draft.row_invariant
+
+    def _fail(self, row: Row, err: BaseException) -> None:
+        if not row.finished:
+            row.finish("error", err)
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Row, list[int], bool]]:
+        rows = list(self.rows)
+        out: dict[int, list[int]] = {id(r): [] for r in rows}
+        decoding = [r for r in rows if not r.prefilling]
+        chunks = self._chunks([r for r in rows if r.prefilling], bool(decoding))
+        steps: dict[int, Step] = {}
+        for r in decoding:
+            try:
+                steps[id(r)] = r.draft_free()
+            except Exception as err:
+                self._fail(r, err)
+        self._draft_model([r for r in decoding if id(r) in steps and not r.finished], steps, chunks)
+        masks = {}
+        for r in decoding:
+            if id(r) in steps and not r.finished:
+                try:
+                    masks[id(r)] = r.masks(steps[id(r)])
+                except Exception as err:
+                    self._fail(r, err)
+        verifying = [r for r in decoding if id(r) in masks]
+        self._target_pass(verifying, steps, masks, chunks, out)
+        result = []
+        for r in rows:
+            if r.finished:
+                self.remove(r)
+            result.append((r, out[id(r)], r.finished))
+        return result
+
+    def _chunks(self, prefilling: list[Row], others_decode: bool) -> list[tuple[Row, list[int]]]:
+        budget = self.prefill_chunk if others_decode else max(self.prefill_chunk, IDLE_PREFILL)
+        chunks = []
+        for r in prefilling:
+            if budget <= 0:
+                break
+            c = r.prefill_chunk(budget)
+            chunks.append((r, c))
+            budget -= len(c)
+        return chunks
+
+    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], chunks) -> None:
+        if self.draft is None:
+            return
+        demands, drafting = [], []
+        for r in decoding:
+            s = steps[id(r)]
+            if r.draft_kv is not None and s.model_room > 0:
+                rate = r.policy.rate[(r.constraint.mode, "model")]
+                rate = r.config.adaptive_threshold if rate is None else rate
+                demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
+                drafting.append(r)
+            else:
+                demands.append(Demand(1 + len(s.cands), 0, 0.0))
+        ks = allocate(self.engine.policy, demands) if drafting else []
+        jobs = {}
+        for r, d, k in zip(decoding, demands, ks):
+            s = steps[id(r)]
+            if d.limit and k > 0:
+                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
+                                  r.generator, alone=self._alone(r))
+        for r, c in chunks:
+            if r.draft_kv is not None and not self._alone(r):
+                jobs[id(r)] = Job(r.draft_kv, c, None, 0, 0.0, None, feed_only=True)
+        if not jobs:
+            return
+        costs: list[tuple[int, float]] = []
+        t0 = time.perf_counter()
+        try:
+            run_drafts(self.draft, list(jobs.values()), self.engine.eos, costs)
+        except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
+            for r in decoding + [r for r, _ in chunks]:
+                if id(r) in jobs:
+                    self._fail(r, err)
+            return
+        dt = time.perf_counter() - t0
+        for rows, s in costs:
+            self.engine.policy.observe_cost("draft", rows, s)
+        for r in decoding:
+            j = jobs.get(id(r))
+            if j is None:
+                continue
+            r.stats.draft_time_s += dt
+            if j.error is not None:
+                self._fail(r, j.error)
+            else:
+                steps[id(r)].add("model", j.tokens, None if not j.qs else _stack(j.qs))
+
+    def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
+        segs, keep = [], []
+        for r in verifying:
+            feed = [r.token_ids[-1]] + steps[id(r)].cands
+            segs.append((r.kv, feed))
+            keep.append(len(feed))
+        for r, c in chunks:
+            segs.append((r.kv, c))
+            keep.append(1 if r.prefilled + len(c) == len(r.prompt) else 0)
+        if not segs:
+            return
+        members = verifying + [r for r, _ in chunks]
+        t0 = time.perf_counter()
+        try:
+            logits = self.engine.target.forward(segs, keep)
+        except Exception as err:  # every row in the pass has a half-written cache now
+            for r in members:
+                self._fail(r, err)
+            return
+        dt = time.perf_counter() - t0
+        total = sum(len(f) for _, f in segs)
+        self.engine.policy.observe_cost("target", total, dt)
+        for r, lg in zip(members, logits):
+            r.saw_pass(len(members), dt)
+            try:
+                if r.prefilling:
+                    r.prefilled += len(segs[members.index(r)][1])
+                    if not r.prefilling:
+                        out[id(r)] += r.after_prefill(lg[-1])
+                else:
+                    r.stats.verify_time_s += dt
+                    out[id(r)] += r.verify(steps[id(r)], lg, masks[id(r)])
+            except Exception as err:
+                self._fail(r, err)
+
+
+def _stack(qs):
+    import torch
+
+    return torch.stack(qs)

@@ -1,0 +1,104 @@
+"""The draft model proposing for many rows at once: one packed draft pass per draft position.
+
+Each row keeps its own draft KV sequence. The first pass of a step syncs every drafting row's cache with its
+context (crop to the longest common prefix, feed the rest: usually the last accepted token and the target's
+bonus token) and yields its first draft token; each further pass feeds one token per row still drafting. Rows
+also feed prompt chunks here while their target prefill runs, so the draft prefill is spread over steps too.
+
+With row-invariant draft numerics (float32) a row's draft is independent of the batch. An int8 draft is not
+(its activation scale is per tensor), which only matters for seeded sampling (the draft's distribution q enters
+the accept test): such rows get passes of their own, fed exactly as when decoded alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .runtime import ModelRuntime
+from .verify import distribution, greedy_token, sample
+
+
+class DraftState:
+    """What one row's draft cache holds."""
+
+    def __init__(self, runtime: ModelRuntime):
+        self.kv = runtime.sequence()
+        self.tokens: list[int] = []
+
+    def feed_for(self, context: Sequence[int]) -> list[int]:
+        """Crop to the longest prefix shared with `context` (re-running at least its last token) -> what to feed."""
+        limit = min(len(context) - 1, len(self.tokens))
+        common = 0
+        while common < limit and self.tokens[common] == context[common]:
+            common += 1
+        self.kv.crop(common)
+        self.tokens = list(context[:common])
+        return list(context[common:])
+
+
+@dataclass
+class Job:
+    """One row's drafting this step: its context, constraint fork, how many tokens it may draft."""
+
+    state: DraftState
+    context: list[int]
+    fork: object
+    k: int
+    temperature: float
+    generator: torch.Generator | None
+    alone: bool = False  # passes of its own (seeded sampling with a draft that is not row-invariant)
+    feed_only: bool = False  # a prefill chunk: extend the cache, draft nothing
+    tokens: list[int] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def _groups(jobs: list[Job]) -> list[list[Job]]:
+    shared = [j for j in jobs if not j.alone]
+    return ([shared] if shared else []) + [[j] for j in jobs if j.alone]
+
+
+def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
+    """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
+    feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context)) for j in jobs}
+    live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0)]
+    first = True
+    while live:
+        more = []
+        for group in _groups(live):
+            t0 = time.perf_counter()
+            logits = runtime.forward([(j.state.kv, feeds[id(j)]) for j in group],
+                                     [0 if j.feed_only else 1 for j in group])
+            if not first:  # the first pass syncs caches (ragged feeds): not a per-token step cost
+                costs.append((len(group), time.perf_counter() - t0))
+            for j, lg in zip(group, logits):
+                j.state.tokens += feeds[id(j)]
+                if not j.feed_only and _take(j, lg[-1]) and j.tokens[-1] not in eos and len(j.tokens) < j.k:
+                    feeds[id(j)] = [j.tokens[-1]]
+                    more.append(j)
+        first = False
+        live = more
+
+
+def _take(job: Job, logits: torch.Tensor) -> bool:
+    """Append the next draft token chosen under the fork's mask; False when the constraint refuses it."""
+    try:
+        mask = job.fork.mask()
+        if job.temperature > 0:
+            q = distribution(logits[: mask.shape[0]], mask, job.temperature)
+            t = sample(q, job.generator)
+        else:
+            q, t = None, greedy_token(logits[: mask.shape[0]], mask)
+        if job.fork.advance([t]) != 1:
+            return False
+    except Exception as err:  # a broken constraint fails its own row only
+        job.error = err
+        return False
+    job.tokens.append(t)
+    if q is not None:
+        job.qs.append(q)
+    return True

@@ -1,0 +1,137 @@
+"""Packed ragged passes: many sequences' new tokens in one [1, N] forward, each attending only to its own KV.
+
+Every sequence keeps its own KV cache (a transformers DynamicCache). A pass concatenates the new tokens of
+several sequences (a decode row's pending token and candidates, or a prefill chunk) into one row of N tokens with
+per-token position ids. The linear layers then see N rows (row-invariant with the oneDNN kernel of runtime.py),
+and attention -- the function registered here -- splits the block back into its segments: each segment's new
+K/V are appended to its own cache and each of its queries attends, one by one, to exactly the keys it may see.
+There is no padding and no mask, so a sequence's logits are bitwise independent of which other sequences share
+the pass and of how its prompt was chunked.
+
+The layout travels to the attention function in a thread-local set around the forward; a call without one (a
+plain forward of a model switched to this attention) falls back to row-wise causal attention over its inputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+ATTN_NAME = "specstruct_rowwise"
+_local = threading.local()
+
+
+class KVSequence:
+    """One sequence's KV cache on one model, and how many positions it holds."""
+
+    def __init__(self, config):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=config)
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        """Forget cached positions from `length` on."""
+        remove = self.length - length
+        if remove < 0:
+            raise ValueError(f"cannot crop to {length}: only {self.length} positions are cached")
+        if remove:
+            self.cache.crop(-remove)  # a negative count removes from the end (transformers 4.x and 5.x)
+            self.length = length
+
+
+@dataclass
+class _Segment:
+    seq: KVSequence
+    start: int  # offset in the packed block
+    size: int
+
+
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys."""
+    hkv, g, lq, d = q.shape
+    lk = k.shape[1]
+    rows = []
+    for i in range(lq):
+        seen = lk - lq + i + 1  # keys visible to row i
+        s = torch.matmul(q[:, :, i, :], k[:, :seen, :].transpose(1, 2)) * scaling  # [Hkv, g, seen]
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
+        rows.append(torch.matmul(p, v[:, :seen, :]))  # [Hkv, g, D]
+    return torch.stack(rows, dim=0).reshape(lq, hkv * g, d)
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query [1, H, N, D], key/value [1, Hkv, N, D] (this pass's tokens only) -> ([1, N, H, D], None)."""
+    _, h, n, d = query.shape
+    hkv = key.shape[1]
+    scaling = scaling if scaling is not None else d**-0.5
+    q = query[0].reshape(hkv, h // hkv, n, d)
+    layout: list[_Segment] | None = getattr(_local, "layout", None)
+    if layout is None:  # a plain causal forward over the given keys (no cache routing)
+        return _attend_rows(q, key[0], value[0], scaling).unsqueeze(0), None
+    outs = []
+    for seg in layout:
+        sl = slice(seg.start, seg.start + seg.size)
+        k_all, v_all = seg.seq.cache.update(key[:, :, sl], value[:, :, sl], module.layer_idx)
+        outs.append(_attend_rows(q[:, :, sl], k_all[0], v_all[0], scaling))
+    return torch.cat(outs, dim=0).unsqueeze(0), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, packed_attention)
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Route the model's attention through `packed_attention` (idempotent)."""
+    register_attention()
+    for sub in model.modules():  # submodules keep their own config reference in some architectures
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = ATTN_NAME
+
+
+@torch.inference_mode()
+def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, Sequence[int]]],
+                   keep: Sequence[int]) -> list[torch.Tensor]:
+    """Run every (sequence, new tokens) segment in one pass; each sequence's cache grows by its tokens.
+
+    `keep[i]` is how many of segment i's last positions need logits (0: none, e.g. a prefill chunk that is not
+    the last). Returns per segment logits [keep[i], vocab] (float32)."""
+    device = next(model.parameters()).device
+    ids: list[int] = []
+    positions: list[int] = []
+    rows: list[int] = []
+    layout: list[_Segment] = []
+    for (seq, toks), want in zip(segments, keep):
+        start = len(ids)
+        ids += list(toks)
+        positions += range(seq.length, seq.length + len(toks))
+        rows += range(start + len(toks) - want, start + len(toks))
+        layout.append(_Segment(seq, start, len(toks)))
+    if not ids:
+        return [torch.empty(0) for _ in segments]
+    layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    _local.layout = layout
+    try:
+        out = model(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+            position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+            attention_mask={t: None for t in layer_types},  # no masks: attention reads the layout
+            use_cache=False,
+            logits_to_keep=torch.tensor(rows or [0], dtype=torch.long, device=device),
+        )
+    finally:
+        _local.layout = None
+    for seq, toks in segments:
+        seq.length += len(toks)
+    logits = out.logits[0].float()
+    result, at = [], 0
+    for want in keep:
+        result.append(logits[at : at + want])
+        at += want
+    return result

@@ -1,0 +1,229 @@
+"""One request's decoding state, as a row of a batch: its constraint, KV sequences, drafting and acceptance.
+
+A row goes through: prefill (its prompt, in chunks) -> commit the target's first choice -> steps of
+[free drafts, model drafts, one verify segment, accept]. The batch (batch.py) owns the passes; the row owns
+everything that is per request: constraint state, policy and acceptance history, generator, stats.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from specstruct.config import SpecConfig
+from specstruct.results import DrafterStats, Stats
+from .interfaces import Constraint
+from .policy import AdaptivePolicy
+from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
+
+
+class _Timed:
+    """Constraint wrapper that adds the time spent computing masks to stats.mask_time_s."""
+
+    def __init__(self, inner: Constraint, stats: Stats):
+        self.inner, self.stats = inner, stats
+
+    def mask(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        m = self.inner.mask()
+        self.stats.mask_time_s += time.perf_counter() - t0
+        return m
+
+    def fork(self) -> "_Timed":
+        return _Timed(self.inner.fork(), self.stats)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class Row:
+    """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
+    (the exception that failed it, else None) and `stats`."""
+
+    def __init__(self, engine: Any, prompt: list[int], constraint: Constraint, config: SpecConfig):
+        self.engine, self.prompt, self.config = engine, prompt, config
+        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.numerics)
+        self.constraint = _Timed(constraint, self.stats)
+        self.token_ids: list[int] = []
+        self.finish_reason = "length"
+        self.error: BaseException | None = None
+        self.finished = False
+        self.seeded = config.temperature > 0 and config.seed is not None
+        if self.seeded:
+            # a seeded sample must not depend on timings, earlier requests or the batch: plan from this request alone
+            self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
+        else:
+            self.policy = engine.policy
+        self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
+                                                       int(torch.randint(0, 2**62, ()).item()))
+        self.kv = None  # the target KV sequence, made on admission
+        self.draft_kv = None  # the draft model's (draft_batch.DraftState), when one drafts for this row
+        self.prefilled = 0  # prompt tokens in the target cache
+        self.started = self.last_pass = 0.0
+        self.passes = self.rows_seen = 0
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _plan(self):
+        self.policy.config = self.config  # the engine's policy is shared by rows with their own configs
+        return self.policy.plan(self.constraint.mode)
+
+    def _choose(self, logits: torch.Tensor, mask: torch.Tensor) -> int:
+        if self.config.temperature > 0:
+            return sample(distribution(logits, mask, self.config.temperature, self.config.top_p), self.generator)
+        return greedy_token(logits, mask)
+
+    def _only_eos_left(self) -> bool:
+        c = self.constraint
+        if not c.is_final():
+            return False
+        m = c.mask()
+        return int(m.sum()) == sum(int(m[e]) for e in self.engine.eos if e < m.shape[0])
+
+    def _limit_reached(self) -> str | None:
+        """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
+        if self._hit_stop():
+            return "stop"
+        if len(self.token_ids) >= self.config.max_new_tokens:
+            return "length"
+        return None
+
+    def _hit_stop(self) -> bool:
+        """True when a stop string has appeared; token_ids are then trimmed to end with the token that completed
+        it, exactly where one-token-at-a-time decoding would have stopped."""
+        if not self.config.stop:
+            return False
+        decode = self.engine.tokenizer.decode
+        if not any(s in decode(self.token_ids[-64:]) for s in self.config.stop):
+            return False
+        ids = self.token_ids
+        for m in range(max(1, len(ids) - 8), len(ids) + 1):
+            if any(s in decode(ids[max(0, m - 64) : m]) for s in self.config.stop):
+                del ids[m:]
+                break
+        return True
+
+    def finish(self, reason: str, error: BaseException | None = None) -> None:
+        self.finished, self.finish_reason = True, reason
+        if error is not None:
+            self.error = error
+        self.stats.new_tokens = len(self.token_ids)
+        self.stats.elapsed_s = time.perf_counter() - self.started
+        self.stats.batch_rows = self.rows_seen / self.passes if self.passes else 0.0
+
+    def saw_pass(self, rows: int, seconds: float) -> None:
+        self.passes += 1
+        self.rows_seen += rows
+        self.stats.target_forwards += 1
+
+    # -- prefill ----------------------------------------------------------------------------------------------
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    def prefill_chunk(self, limit: int) -> list[int]:
+        return self.prompt[self.prefilled : self.prefilled + limit]
+
+    def after_prefill(self, logits: torch.Tensor) -> list[int]:
+        """The target's first choice after the prompt, committed."""
+        self.stats.prefill_s = time.perf_counter() - self.started
+        return self.commit(self._choose(logits, self.constraint.mask()))
+
+    # -- one decode step --------------------------------------------------------------------------------------
+    def commit(self, token: int) -> list[int]:
+        """Commit the target's own choice (not yet in the KV cache); returns what was committed."""
+        if token in self.engine.eos:
+            self.finish("stop")
+            return []
+        if self.constraint.advance([token]) != 1:
+            raise RuntimeError(f"internal error: token {token} chosen under the mask was rejected")
+        self.token_ids.append(token)
+        reason = self._limit_reached() or ("stop" if self._only_eos_left() else None)  # complete: no pass for EOS
+        if reason:
+            self.finish(reason)
+        return [token]
+
+    def draft_free(self) -> "Step":
+        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup) on a fork of the constraint."""
+        plan = self._plan()
+        budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token
+        step = Step(self.constraint.fork(), budget, plan.limits.get("model", 0) if "model" in plan.drafters else 0)
+        context = self.prompt + self.token_ids
+        t0 = time.perf_counter()
+        for name in plan.drafters:
+            room = min(plan.limits.get(name, 0), budget - len(step.cands))
+            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.engine.eos):
+                break
+            d = self.engine.drafters[name].propose(context + step.cands, step.fork, room, self.config.temperature)
+            step.add(name, d.tokens, d.q)
+        step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
+        if step.cands and step.cands[-1] in self.engine.eos:
+            step.model_room = 0
+        self.stats.draft_time_s += time.perf_counter() - t0
+        return step
+
+    def masks(self, step: "Step") -> list[torch.Tensor]:
+        fork = self.constraint.fork()
+        masks = [fork.mask()]
+        for t in step.cands:
+            fork.advance([t])
+            masks.append(fork.mask())
+        return masks
+
+    def verify(self, step: "Step", logits: torch.Tensor, masks: list[torch.Tensor]) -> list[int]:
+        """Accept the longest agreed prefix of the candidates, then commit the target's next token."""
+        cfg, st, cands = self.config, self.stats, step.cands
+        if cfg.temperature > 0:
+            p = torch.stack([distribution(logits[i], masks[i], cfg.temperature, cfg.top_p)
+                             for i in range(len(cands) + 1)])
+            n, pending = verify_sampling(p, step.qs, cands, self.generator)
+        else:
+            n, pending = verify_greedy(logits, masks, cands)
+        st.k_histogram[len(cands)] = st.k_histogram.get(len(cands), 0) + 1
+        st.drafted += len(cands)
+        st.accepted += n
+        self._record(step.segments, n)
+        self.kv.crop(len(self.prompt) + len(self.token_ids) + n)
+        accepted = cands[:n]
+        ends = bool(accepted) and accepted[-1] in self.engine.eos  # drafted EOS accepted: the output ends here
+        if ends:
+            accepted = accepted[:-1]
+        if accepted:
+            self.constraint.advance(accepted)
+            self.token_ids += accepted
+        reason = "stop" if ends else self._limit_reached()
+        if reason:
+            self.finish(reason)
+            return accepted
+        return accepted + self.commit(pending)
+
+    def _record(self, segments: list[tuple[str, int]], accepted: int) -> None:
+        offset = 0
+        for name, count in segments:
+            got = max(0, min(count, accepted - offset))
+            judged = offset <= accepted  # the target reached this drafter's first token
+            offset += count
+            st = self.stats.per_drafter.setdefault(name, DrafterStats())
+            st.proposed += count
+            st.accepted += got
+            if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                self.policy.config = self.config
+                self.policy.observe(self.constraint.mode, name, count, got)
+                self.engine.drafters[name].observe(count, got)
+
+
+class Step:
+    """A row's candidates for one pass: tokens, their drafters' distributions, which drafter made which."""
+
+    def __init__(self, fork, budget: int, model_room: int):
+        self.fork, self.budget, self.model_room = fork, budget, model_room
+        self.cands: list[int] = []
+        self.qs: list[torch.Tensor | None] = []
+        self.segments: list[tuple[str, int]] = []
+
+    def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
+        if tokens:
+            self.cands += tokens
+            self.qs += [None] * len(tokens) if q is None else list(q)
+            self.segments.append((name, len(tokens)))
