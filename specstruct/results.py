@@ -35,7 +35,6 @@ class Stats:
     verify_time_s: float = 0.0  # target passes after prefill
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
     k_histogram: dict[int, int] = field(default_factory=dict)  # candidates per step -> steps
-    batch_rows: float = 0.0  # mean number of requests in the target passes this one shared (1.0: decoded alone)
     numerics: str = ""
 
     @property

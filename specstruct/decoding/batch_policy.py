@@ -60,21 +60,20 @@ def goodput(policy: AdaptivePolicy, demands: list[Demand], ks: list[int]) -> flo
 
 
 def allocate(policy: AdaptivePolicy, demands: list[Demand]) -> list[int]:
-    """Each row's draft-model k (0..limit), raised greedily while the batch's goodput clearly improves."""
+    """Each row's draft-model k (0..limit), raised greedily while the batch's goodput clearly improves. A move
+    raises one row to some k, or every row to at least k (a draft pass is shared: it may pay only for many)."""
     if len(demands) <= 1:
         return [d.limit for d in demands]
     ks = [d.limit if d.fixed else 0 for d in demands]
     best = goodput(policy, demands, ks)
+    top = max((d.limit for d in demands), default=0)
     while True:
-        choice = None
-        for i, d in enumerate(demands):
-            if d.fixed:
-                continue
-            for k in range(ks[i] + 1, d.limit + 1):  # whole jumps: one extra draft pass may pay only for several
-                trial = ks[:i] + [k] + ks[i + 1 :]
-                g = goodput(policy, demands, trial)
-                if g > best * GAIN and (choice is None or g > choice[0]):
-                    choice = (g, trial)
-        if choice is None:
+        moves = [[max(k, min(d.limit, level)) if not d.fixed else k for d, k in zip(demands, ks)]
+                 for level in range(1, top + 1)]
+        moves += [ks[:i] + [k] + ks[i + 1 :] for i, d in enumerate(demands) if not d.fixed
+                  for k in range(ks[i] + 1, d.limit + 1)]
+        scored = [(goodput(policy, demands, m), m) for m in moves if m != ks]
+        g, move = max(scored, key=lambda x: x[0], default=(0.0, ks))
+        if g <= best * GAIN:
             return ks
-        best, ks = choice
+        best, ks = g, move

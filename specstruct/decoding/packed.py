@@ -51,15 +51,20 @@ class _Segment:
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys."""
+    """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys.
+
+    Every row goes through exactly these ops with shapes fixed by its own position, so its result does not
+    depend on the other rows of the block (nor on how a prompt was cut into blocks)."""
     hkv, g, lq, d = q.shape
     lk = k.shape[1]
+    q = q * scaling
+    kt = k.transpose(1, 2)  # [Hkv, D, Lk]
+    same = v.dtype == torch.float32
     rows = []
     for i in range(lq):
         seen = lk - lq + i + 1  # keys visible to row i
-        s = torch.matmul(q[:, :, i, :], k[:, :seen, :].transpose(1, 2)) * scaling  # [Hkv, g, seen]
-        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
-        rows.append(torch.matmul(p, v[:, :seen, :]))  # [Hkv, g, D]
+        p = torch.softmax(torch.matmul(q[:, :, i, :], kt[:, :, :seen]), dim=-1, dtype=torch.float32)
+        rows.append(torch.matmul(p if same else p.to(v.dtype), v[:, :seen, :]))  # [Hkv, g, D]
     return torch.stack(rows, dim=0).reshape(lq, hkv * g, d)
 
 
