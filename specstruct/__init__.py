@@ -7,6 +7,9 @@ from .errors import (
     ConstraintError,
     IncompatibleDraftError,
     IncompleteOutputError,
+    InvalidParameterError,
+    InvalidPromptError,
+    MissingExtraError,
     ModelNotFoundError,
     PromptTooLongError,
     SpecStructError,
@@ -20,6 +23,6 @@ __all__ = [
     "SpecStruct", "SpecConfig", "Result", "Stats", "DrafterStats", "Chunk",
     "Regex", "Choice", "Grammar", "Code", "pull",
     "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
-    "IncompatibleDraftError", "PromptTooLongError",
+    "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError", "MissingExtraError",
 ]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ from .interfaces import Constraint
 from .policy import AdaptivePolicy
 from specstruct.results import DrafterStats, Stats
 from .runtime import ModelRuntime
+from .stops import stop_tokens
 from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
 
@@ -113,18 +114,16 @@ class Decode:
         return None
 
     def _hit_stop(self) -> bool:
-        """True when a stop string has appeared; token_ids are then trimmed to end with the token that completed
-        it, exactly where one-token-at-a-time decoding would have stopped."""
-        if not self.config.stop:
+        """True when a stop string (code mode: the closing fence) has appeared; token_ids are then trimmed to
+        end with the token that completed it, exactly where one-token-at-a-time decoding would have stopped."""
+        code = self.constraint.mode == "code"
+        if not self.config.stop and not code:
             return False
-        decode = self.engine.tokenizer.decode
-        if not any(s in decode(self.token_ids[-64:]) for s in self.config.stop):
+        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        n = stop_tokens(decode, self.token_ids, self.config.stop, code_fence=code)
+        if n is None:
             return False
-        ids = self.token_ids
-        for m in range(max(1, len(ids) - 8), len(ids) + 1):
-            if any(s in decode(ids[max(0, m - 64) : m]) for s in self.config.stop):
-                del ids[m:]
-                break
+        del self.token_ids[n:]
         return True
 
     def _draft(self, budget: int) -> tuple[list[int], list[torch.Tensor | None], list[tuple[str, int]]]:
