@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 import torch
 
 from specstruct.config import SpecConfig
+from specstruct.errors import ConstraintError
 from .drafting import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
 from .interfaces import Constraint
 from .policy import AdaptivePolicy
@@ -94,6 +95,9 @@ class Decode:
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, mask: torch.Tensor) -> int:
+        if not bool(mask.any()):  # argmax over an all-false mask would pick token 0 as if it were legal
+            raise ConstraintError("the constraint reached a state where no token is legal (not even EOS): its "
+                                  "language has a dead end here; check the grammar, regex or schema.")
         if self.config.temperature > 0:
             return sample(distribution(logits, mask, self.config.temperature, self.config.top_p), self.generator)
         return greedy_token(logits, mask)
@@ -187,6 +191,7 @@ class Decode:
                     self.finish_reason = "stop"
                     return
                 if c.advance([pending]) != 1:
+                    self._choose(logits[-1] if logits.dim() > 1 else logits, c.mask())  # a dead end raises here
                     raise RuntimeError(f"internal error: token {pending} chosen under the mask was rejected")
                 self.token_ids.append(pending)
                 yield [pending]
