@@ -10,6 +10,10 @@ T = TypeVar("T")
 
 @dataclass
 class DrafterStats:
+    """One drafter's candidates that the target judged: `proposed` counts its accepted tokens plus the first one
+    rejected (tokens after a rejection, its own or an earlier drafter's, were never judged and are not counted),
+    so `acceptance_rate` is the per-token acceptance probability."""
+
     proposed: int = 0
     accepted: int = 0
 

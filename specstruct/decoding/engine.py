@@ -14,6 +14,7 @@ way (greedy: token for token; sampling: in distribution).
 from __future__ import annotations
 
 import time
+import types
 from typing import Iterator, Sequence
 
 import torch
@@ -46,6 +47,24 @@ class _Timed:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+class _WithConfig:
+    """The engine's shared policy (what it learned: acceptance, costs) driven by one request's config, so a
+    request never overwrites the config other requests plan with."""
+
+    def __init__(self, policy: AdaptivePolicy, config: SpecConfig):
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "config", config)
+
+    def __getattr__(self, name):
+        method = getattr(type(self._policy), name, None)
+        if callable(method):
+            return types.MethodType(method, self)  # the policy's own code, reading this request's config
+        return getattr(self._policy, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._policy, name, value)  # learning lands in the shared policy
 
 
 class Engine:
@@ -88,8 +107,7 @@ class Decode:
             # a seeded sample must not depend on timings or earlier requests: plan from this request alone
             self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
         else:
-            self.policy = engine.policy
-            self.policy.config = config
+            self.policy = _WithConfig(engine.policy, config)
         self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
 
@@ -163,11 +181,12 @@ class Decode:
         for name, count in segments:
             got = max(0, min(count, accepted - offset))
             judged = offset <= accepted  # the target reached this drafter's first token
+            seen = min(count, accepted - offset + 1)  # accepted ones plus the first rejected one
             offset += count
-            st = self.stats.per_drafter.setdefault(name, DrafterStats())
-            st.proposed += count
-            st.accepted += got
             if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                st = self.stats.per_drafter.setdefault(name, DrafterStats())
+                st.proposed += seen
+                st.accepted += got
                 self.policy.observe(self.constraint.mode, name, count, got)
                 self.engine.drafters[name].observe(count, got)
 
@@ -175,7 +194,6 @@ class Decode:
     def __iter__(self) -> Iterator[list[int]]:
         cfg, rt, c, st = self.config, self.engine.target, self.constraint, self.stats
         eos = self.engine.eos
-        self.policy.config = cfg
         model_drafter = self.engine.drafters.get("model")
         if model_drafter is not None:
             model_drafter.reset(self.generator)
