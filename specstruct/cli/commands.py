@@ -188,7 +188,8 @@ def bench(ctx: typer.Context) -> None:
     if bench_app is None:
         raise fail("specstruct.bench.cli has no `app`", EXIT_OTHER)
     command = typer.main.get_command(bench_app) if isinstance(bench_app, typer.Typer) else bench_app
-    command.main(args=list(ctx.args), prog_name="specstruct bench", standalone_mode=True)
+    with errors():
+        command.main(args=list(ctx.args), prog_name="specstruct bench", standalone_mode=True)
 
 
 def main() -> None:
