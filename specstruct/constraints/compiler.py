@@ -31,7 +31,7 @@ from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.regexes import choice_regex, json_regex
 from specstruct.constraints.token_table import TokenTable, token_table
 
-__all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
+__all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
 
 _FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
@@ -55,18 +55,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
             raise ConstraintError("this grammar admits no output (its start rule matches nothing this tokenizer "
                                   "can write); check the start rule and its terminals.")
         return grammar
-    if spec.kind == "json":
-        regex = json_regex(spec.source or "{}")
-    elif spec.kind == "choice":
-        regex = choice_regex(json.loads(spec.source or "[]"))
-    elif spec.kind == "regex":
-        regex = spec.source or ""
-        if _NUL.search(regex):
-            raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
-                                  "of output); remove \\x00 from the pattern.")
-        _check_regex_syntax(regex, spec)
-    else:
-        raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+    regex = check_spec(spec)
     key = (table.key, regex, vocab_size, tuple(sorted(eos)))
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)
@@ -78,6 +67,36 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
         with _PROGRAMS_LOCK:
             _PROGRAMS[key] = program
     return AutomatonConstraint(program, spec.mode, tokenizer)
+
+
+def check_spec(spec: ConstraintSpec) -> str | None:
+    """Everything about `spec` that needs no tokenizer, raising ConstraintError: regex syntax, grammar syntax,
+    JSON-schema support. Returns the regex of automaton kinds (None for grammar, text, code). Cheap enough to
+    run before loading a model (the CLI does)."""
+    if spec.kind in ("text", "code"):
+        return None
+    if spec.kind == "grammar":
+        from llguidance import LLMatcher
+
+        try:
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(spec.source or ""))
+        except (ValueError, RuntimeError) as e:
+            error = str(e)
+        if error:
+            raise ConstraintError(f"invalid Lark grammar: {error.strip()}")
+        return None
+    if spec.kind == "json":
+        return json_regex(spec.source or "{}")
+    if spec.kind == "choice":
+        return choice_regex(json.loads(spec.source or "[]"))
+    if spec.kind == "regex":
+        regex = spec.source or ""
+        if _NUL.search(regex):
+            raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
+                                  "of output); remove \\x00 from the pattern.")
+        _check_regex_syntax(regex, spec)
+        return regex
+    raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
 
 
 def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
