@@ -22,7 +22,7 @@ import torch
 from specstruct.config import SpecConfig
 from specstruct.errors import ConstraintError
 from .drafting import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
-from .interfaces import Constraint
+from .interfaces import Constraint, Drafter, Policy, Runtime
 from .policy import AdaptivePolicy
 from specstruct.results import DrafterStats, Stats
 from .runtime import ModelRuntime
@@ -72,19 +72,19 @@ class Engine:
 
     def __init__(
         self,
-        target: ModelRuntime,
+        target: Runtime,
         tokenizer,
         eos_token_ids: Sequence[int],
         draft: ModelRuntime | None = None,
         config: SpecConfig | None = None,
     ):
-        self.target = target
+        self.target: Runtime = target
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
-        self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
         self.numerics = target.numerics
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
@@ -188,7 +188,6 @@ class Decode:
                 st.proposed += seen
                 st.accepted += got
                 self.policy.observe(self.constraint.mode, name, count, got)
-                self.engine.drafters[name].observe(count, got)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:

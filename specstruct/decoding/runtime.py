@@ -7,11 +7,13 @@ decoding both fast and lossless there:
   1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the 2-core
   AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
   while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
-  costs about 1.5x one token instead of 2.6x (see docs/benchmarks.md).
+  of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
+  (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
 - Attention for short query blocks (decoding, verification) is computed row by row over exactly the keys each
   row may see, so a token's logits never depend on which other tokens share the pass.
 
-Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding.
+Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, for
+architectures the row-wise attention computes exactly (`row_invariant_support`); others keep stock numerics.
 Prefill (long blocks) uses stock SDPA: it is the same pass with or without speculation.
 """
 
@@ -23,6 +25,8 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from specstruct.models.loading import output_rows
 
 ROWWISE_MAX_ROWS = 32  # query blocks up to this size use exact row-by-row attention
 _ATTN_NAME = "specstruct_rowwise"
@@ -151,12 +155,6 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
         q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
     return q
-
-
-def output_rows(model: torch.nn.Module) -> int:
-    """Logits per token (the LM head's rows; quantized heads expose `weight` as a method)."""
-    weight = model.get_output_embeddings().weight
-    return int((weight() if callable(weight) else weight).shape[0])
 
 
 class ModelRuntime:
