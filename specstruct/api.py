@@ -17,7 +17,9 @@ from .decoding.engine import Engine
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
+from .decoding import stops
 from .decoding.runtime import ModelRuntime, quantize_draft
+from .inputs import check_prompt
 from .streaming import IncrementalDetokenizer, partial_json
 
 T = TypeVar("T")
@@ -98,7 +100,7 @@ class SpecStruct:
                             max_new_tokens or self.config.max_new_tokens)
 
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        messages = check_prompt(prompt)
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
         if instruction:
             if messages and messages[0].get("role") == "system":
@@ -122,13 +124,6 @@ class SpecStruct:
             )
         return ids
 
-    @staticmethod
-    def _code_stop(cfg: SpecConfig, spec: OutputSpec) -> SpecConfig:
-        """Code mode stops at the fence that closes a ```python block: what chat models write after it is prose."""
-        if spec.spec.mode == "code" and "\n```" not in cfg.stop:
-            return cfg.merged(stop=[*cfg.stop, "\n```"])
-        return cfg
-
     def _config(self, config: SpecConfig | None, **overrides: Any) -> SpecConfig:
         base = self.config if config is None else config
         return base.merged(**overrides)
@@ -142,7 +137,6 @@ class SpecStruct:
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                            seed=seed, stop=stop)
         spec = resolve(output_type)
-        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec)
         messages = self._messages(prompt, spec, system)
         attempts: list[dict[str, Any]] = []
@@ -180,11 +174,16 @@ class SpecStruct:
                       finish_reason=decode.finish_reason)
 
     def _finish(self, decode, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig) -> str:
-        """The final text (cut at a stop string); raises when max_new_tokens cut a structured output short."""
-        text = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
-        for s in cfg.stop:
-            if s in text:
-                text = text[: text.index(s)]
+        """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
+        is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
+        full = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
+        text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
+        if text != full and spec.spec.mode not in ("text", "code") and not self._compile(spec).accepts(text):
+            hit = min((s for s in cfg.stop if s in full), key=full.find)
+            raise IncompleteOutputError(
+                f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
+                "complete value; remove that stop string (constrained outputs end by themselves)",
+                text, decode.token_ids, decode.stats)
         if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
@@ -206,17 +205,16 @@ class SpecStruct:
         partial object. The last chunk carries the validated Result; a stream is validated once, without retries."""
         cfg = self._config(config, **overrides)
         spec = resolve(output_type)
-        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec).fork()
         ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
-        detok = IncrementalDetokenizer(self.tokenizer)
+        detok = IncrementalDetokenizer(self.tokenizer, cfg.stop, code_fence=spec.spec.mode == "code")
         json_mode = spec.spec.mode == "json"
         with self._lock:
             decode = self.engine.decode(ids, constraint, cfg)
             for new in decode:
                 delta = detok.push(new)
                 if delta:
-                    yield Chunk(text=delta, partial=partial_json(detok.text) if json_mode else None)
+                    yield Chunk(text=delta, partial=partial_json(detok.safe_text) if json_mode else None)
         text = self._finish(decode, spec, constraint, cfg)
         try:
             value = spec.parse(text)

@@ -21,10 +21,9 @@ from typing import Iterator, Sequence
 from specstruct.config import SpecConfig
 from .batch import BatchDecoder
 from .drafting import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
-from .interfaces import Constraint
+from .interfaces import Constraint, Drafter, Policy, Runtime
 from .policy import AdaptivePolicy
 from .row import Row
-from .runtime import ModelRuntime
 
 
 class Engine:
@@ -32,19 +31,19 @@ class Engine:
 
     def __init__(
         self,
-        target: ModelRuntime,
+        target: Runtime,
         tokenizer,
         eos_token_ids: Sequence[int],
-        draft: ModelRuntime | None = None,
+        draft: Runtime | None = None,
         config: SpecConfig | None = None,
     ):
-        self.target = target
+        self.target: Runtime = target
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
-        self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
         self.numerics = target.numerics
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"

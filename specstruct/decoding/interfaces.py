@@ -28,7 +28,7 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes candidates for the target to verify, then learns how many were accepted."""
+    """Proposes candidates for the target to verify. (What was accepted is learned by the Policy, not here.)"""
 
     name: str
 
@@ -36,8 +36,6 @@ class Drafter(Protocol):
         """Up to k tokens continuing `context` (prompt + committed tokens). `constraint` is a fork positioned
         at the end of `context`; the drafter advances it over what it proposes."""
         ...
-
-    def observe(self, proposed: int, accepted: int) -> None: ...
 
 
 @dataclass
@@ -59,11 +57,29 @@ class Policy(Protocol):
     def observe_cost(self, kind: str, rows: int, seconds: float) -> None: ...
 
 
+class Sequence_(Protocol):
+    """One sequence's KV cache on a runtime (what Runtime.sequence() returns)."""
+
+    length: int
+
+    def crop(self, length: int) -> None: ...
+
+
 @runtime_checkable
 class Runtime(Protocol):
-    """A causal LM plus its KV cache."""
+    """A causal LM with per-sequence KV caches (`sequence`, `forward`: what batches use) and one default
+    sequence (`prefill`, `extend`, `crop`, `length`)."""
 
     vocab_size: int
+
+    def sequence(self) -> Sequence_:
+        """A new, empty sequence."""
+        ...
+
+    def forward(self, segments: Sequence[tuple[Sequence_, Sequence[int]]], keep: Sequence[int]) -> "list[torch.Tensor]":
+        """One pass appending each segment's tokens to its sequence; logits [keep[i], vocab] of each segment's
+        last keep[i] tokens."""
+        ...
 
     def prefill(self, ids: Sequence[int]) -> "torch.Tensor":
         """Reset the cache, run the prompt, return logits of the last position [vocab]."""

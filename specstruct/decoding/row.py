@@ -8,14 +8,17 @@ everything that is per request: constraint state, policy and acceptance history,
 from __future__ import annotations
 
 import time
+import types
 from typing import Any
 
 import torch
 
 from specstruct.config import SpecConfig
+from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from .interfaces import Constraint
 from .policy import AdaptivePolicy
+from .stops import stop_tokens
 from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
 
@@ -38,6 +41,24 @@ class _Timed:
         return getattr(self.inner, name)
 
 
+class _WithConfig:
+    """The engine's shared policy (what it learned: acceptance, costs) driven by one request's config, so a
+    request never overwrites the config other requests plan with."""
+
+    def __init__(self, policy: AdaptivePolicy, config: SpecConfig):
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "config", config)
+
+    def __getattr__(self, name):
+        method = getattr(type(self._policy), name, None)
+        if callable(method):
+            return types.MethodType(method, self)  # the policy's own code, reading this request's config
+        return getattr(self._policy, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._policy, name, value)  # learning lands in the shared policy
+
+
 class Row:
     """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
     (the exception that failed it, else None) and `stats`."""
@@ -55,7 +76,7 @@ class Row:
             # a seeded sample must not depend on timings, earlier requests or the batch: plan from this request alone
             self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
         else:
-            self.policy = engine.policy
+            self.policy = _WithConfig(engine.policy, config)
         self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
@@ -66,10 +87,16 @@ class Row:
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _plan(self):
-        self.policy.config = self.config  # the engine's policy is shared by rows with their own configs
         return self.policy.plan(self.constraint.mode)
 
+    @staticmethod
+    def _live(mask: torch.Tensor) -> None:
+        if not bool(mask.any()):  # argmax over an all-false mask would pick token 0 as if it were legal
+            raise ConstraintError("the constraint reached a state where no token is legal (not even EOS): its "
+                                  "language has a dead end here; check the grammar, regex or schema.")
+
     def _choose(self, logits: torch.Tensor, mask: torch.Tensor) -> int:
+        self._live(mask)
         if self.config.temperature > 0:
             return sample(distribution(logits, mask, self.config.temperature, self.config.top_p), self.generator)
         return greedy_token(logits, mask)
@@ -90,18 +117,16 @@ class Row:
         return None
 
     def _hit_stop(self) -> bool:
-        """True when a stop string has appeared; token_ids are then trimmed to end with the token that completed
-        it, exactly where one-token-at-a-time decoding would have stopped."""
-        if not self.config.stop:
+        """True when a stop string (code mode: the closing fence) has appeared; token_ids are then trimmed to
+        end with the token that completed it, exactly where one-token-at-a-time decoding would have stopped."""
+        code = self.constraint.mode == "code"
+        if not self.config.stop and not code:
             return False
-        decode = self.engine.tokenizer.decode
-        if not any(s in decode(self.token_ids[-64:]) for s in self.config.stop):
+        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        n = stop_tokens(decode, self.token_ids, self.config.stop, code_fence=code)
+        if n is None:
             return False
-        ids = self.token_ids
-        for m in range(max(1, len(ids) - 8), len(ids) + 1):
-            if any(s in decode(ids[max(0, m - 64) : m]) for s in self.config.stop):
-                del ids[m:]
-                break
+        del self.token_ids[n:]
         return True
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:
@@ -137,6 +162,7 @@ class Row:
             self.finish("stop")
             return []
         if self.constraint.advance([token]) != 1:
+            self._live(self.constraint.mask())  # a dead end raises here
             raise RuntimeError(f"internal error: token {token} chosen under the mask was rejected")
         self.token_ids.append(token)
         reason = self._limit_reached() or ("stop" if self._only_eos_left() else None)  # complete: no pass for EOS
@@ -203,14 +229,13 @@ class Row:
         for name, count in segments:
             got = max(0, min(count, accepted - offset))
             judged = offset <= accepted  # the target reached this drafter's first token
+            seen = min(count, accepted - offset + 1)  # accepted ones plus the first rejected one
             offset += count
-            st = self.stats.per_drafter.setdefault(name, DrafterStats())
-            st.proposed += count
-            st.accepted += got
             if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
-                self.policy.config = self.config
+                st = self.stats.per_drafter.setdefault(name, DrafterStats())
+                st.proposed += seen
+                st.accepted += got
                 self.policy.observe(self.constraint.mode, name, count, got)
-                self.engine.drafters[name].observe(count, got)
 
 
 class Step:

@@ -7,24 +7,28 @@ decoding both fast and lossless there:
   1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the 2-core
   AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
   while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
-  costs about 1.5x one token instead of 2.6x (see docs/benchmarks.md).
-- Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a token's
-  logits never depend on which other tokens -- of its own sequence or of other sequences -- share the pass, nor
-  on how a prompt is chunked.
+  of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
+  (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
+- Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
+  token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
+  same pass -- share the pass, nor on how a prompt is chunked.
 
-Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, and
-a batched row's output equal to the same request decoded alone.
+Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, for
+architectures the row-wise attention computes exactly (`row_invariant_support`); others keep stock numerics.
+Batched rows then decode exactly as they would alone. Where the row-wise attention is not exact (see
+`row_invariant_support`) sequences are not packed: `forward` runs them one by one with the model's own attention.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Sequence
 
 import torch
 
+from specstruct.models.loading import output_rows
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
-
 
 def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     # x: [..., in] -> rows [n, in]; y: [n, out] -> [..., out]
@@ -36,6 +40,35 @@ def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
     return y[:n].reshape(*x.shape[:-1], y.shape[-1])
 
 
+def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
+    """(True, "") when the row-wise attention above computes exactly what the model's own attention does:
+    plain causal attention over every cached key, routed through transformers' AttentionInterface. Otherwise
+    (False, the reason): sliding windows, attention-logit soft-capping, attention sinks and chunked attention
+    would all be computed wrongly, silently. tests/unit/decoding/test_row_invariant_support.py checks each."""
+    cfg = model.config
+    if not getattr(model, "_supports_attention_backend", False):
+        return False, f"{type(model).__name__} does not route attention through transformers' AttentionInterface"
+    if getattr(cfg, "attn_logit_softcapping", None):
+        return False, "attention-logit soft-capping is in use"
+    if getattr(cfg, "attention_chunk_size", None):
+        return False, "chunked attention is in use"
+    layer_types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if layer_types is not None:
+        sliding = any("sliding" in str(t) or "chunk" in str(t) for t in layer_types)
+    else:
+        sliding = getattr(cfg, "use_sliding_window", None) is not False and bool(window) and \
+            window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
+    if sliding:
+        return False, f"a sliding window ({window} tokens) is in use"
+    for name, mod in model.named_modules():
+        if isinstance(getattr(mod, "sinks", None), torch.Tensor):
+            return False, f"attention sinks are in use ({name})"
+        if getattr(mod, "is_causal", True) is False:
+            return False, f"non-causal attention in {name}"
+    return True, ""
+
+
 def row_invariant_available(model: torch.nn.Module) -> bool:
     p = next(model.parameters())
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
@@ -45,8 +78,10 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
     if getattr(model, "_specstruct_numerics", None):
         return model._specstruct_numerics
-    if not row_invariant_available(model):
-        desc = f"stock ({next(model.parameters()).dtype}, {next(model.parameters()).device.type})"
+    supported, reason = row_invariant_support(model)
+    if not row_invariant_available(model) or not supported:
+        p = next(model.parameters())
+        desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
         model._specstruct_numerics = desc
         return desc
     for mod in model.modules():
@@ -84,26 +119,24 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     return q
 
 
-def output_rows(model: torch.nn.Module) -> int:
-    """Logits per token (the LM head's rows; quantized heads expose `weight` as a method)."""
-    weight = model.get_output_embeddings().weight
-    return int((weight() if callable(weight) else weight).shape[0])
-
-
 class ModelRuntime:
-    """A transformers causal LM with packed ragged passes over per-sequence KV caches (packed.py), plus one
-    default sequence for the single-sequence calls prefill / extend / crop."""
+    """A transformers causal LM with per-sequence KV caches: packed ragged passes over many sequences
+    (packed.py), plus one default sequence for the single-sequence calls prefill / extend / crop."""
 
     def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
         self.model = model.eval()
         self.numerics = make_row_invariant(model) if row_invariant else "stock"
-        use_packed_attention(model)  # packing needs the segment-aware attention whatever the linear kernel
+        self.packed = row_invariant_support(model)[0]  # the packed attention is exact for this architecture
+        if self.packed:
+            use_packed_attention(model)  # packing needs the segment-aware attention whatever the linear kernel
         self.device = next(model.parameters()).device
         self.vocab_size = output_rows(model)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         # int8 dynamic quantization scales activations per tensor: rows then depend on their neighbours
         self.row_invariant = "row-invariant" in self.numerics and not hasattr(model, "_specstruct_draft_numerics")
         self.seq: KVSequence | None = None
+        params = inspect.signature(model.forward).parameters  # transformers >= 5.2x: `cache`, before: past_key_values
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     # -- many sequences -------------------------------------------------------------------------------------
     def sequence(self) -> KVSequence:
@@ -112,7 +145,19 @@ class ModelRuntime:
 
     def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int]) -> list[torch.Tensor]:
         """One packed pass over every (sequence, new tokens); logits of each segment's last keep[i] tokens."""
-        return forward_packed(self.model, segments, keep)
+        if self.packed:
+            return forward_packed(self.model, segments, keep)
+        return [self._forward_one(seq, ids, want) for (seq, ids), want in zip(segments, keep)]
+
+    @torch.inference_mode()
+    def _forward_one(self, seq: KVSequence, ids: Sequence[int], want: int) -> torch.Tensor:
+        """The model's own attention over one sequence (architectures the packed attention does not cover)."""
+        n = len(ids)
+        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device),
+                         position_ids=torch.arange(seq.length, seq.length + n, device=self.device).unsqueeze(0),
+                         use_cache=True, logits_to_keep=max(want, 1), **{self._cache_arg: seq.cache})
+        seq.length += n
+        return out.logits[0, out.logits.shape[1] - want :].float()
 
     # -- one default sequence -------------------------------------------------------------------------------
     @property
