@@ -11,6 +11,10 @@ A step:
   4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
               next token; finished rows leave and free their caches
 
+Prefill is bounded per step, not per row: while any row decodes, all prefill chunks of a step total at most
+`prefill_chunk` tokens (admission order), so running rows keep their inter-token latency at the price of more
+passes for long prompts (the prefill compute is the same either way; chunking does not change any result).
+
 A row that fails (its constraint raises, say) is finished alone with `finish_reason == "error"` and the exception
 on `row.error`; the other rows are untouched.
 """
