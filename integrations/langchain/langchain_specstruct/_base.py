@@ -97,11 +97,14 @@ class SpecStructParams(BaseModel):
 
     @contextmanager
     def _locked(self, engine: Any) -> Iterator[None]:
+        if getattr(engine, "scheduler", None) is not None:  # a specstruct engine queues and batches calls itself
+            yield
+            return
         with engine_lock(engine):
             yield
 
     def _iter_stream(self, engine: Any, prompt: Any, output_type: Any, **run_kwargs: Any) -> Iterator[Any]:
-        """`engine.stream(...)` chunks, holding the engine's lock for the whole generation."""
+        """`engine.stream(...)` chunks (a stream is a request like any other: no lock held between chunks)."""
         with self._locked(engine):
             yield from engine.stream(prompt, output_type, **run_kwargs)
 
