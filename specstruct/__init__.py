@@ -2,13 +2,16 @@
 speculative decoding."""
 
 from .api import SpecStruct
-from .config import SpecConfig
+from .config import BatchConfig, SpecConfig
 from .errors import (
     ConstraintError,
+    EngineClosedError,
     IncompatibleDraftError,
     IncompleteOutputError,
     ModelNotFoundError,
+    OverloadedError,
     PromptTooLongError,
+    RequestTimeoutError,
     SpecStructError,
     ValidationRetryError,
 )
@@ -17,9 +20,9 @@ from .output_types import Choice, Code, Grammar, Regex
 from .results import Chunk, DrafterStats, Result, Stats
 
 __all__ = [
-    "SpecStruct", "SpecConfig", "Result", "Stats", "DrafterStats", "Chunk",
+    "SpecStruct", "SpecConfig", "BatchConfig", "Result", "Stats", "DrafterStats", "Chunk",
     "Regex", "Choice", "Grammar", "Code", "pull",
     "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
-    "IncompatibleDraftError", "PromptTooLongError",
+    "IncompatibleDraftError", "PromptTooLongError", "OverloadedError", "RequestTimeoutError", "EngineClosedError",
 ]
 __version__ = "0.1.0"
