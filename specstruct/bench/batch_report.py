@@ -1,4 +1,4 @@
-"""Table, Markdown and plot for `specstruct bench --scenario batch` (see batch.py for what is measured)."""
+"""Table, Markdown and plot for `specstruct bench --scenario batch` (see batch_scenario.py for what is measured)."""
 
 from __future__ import annotations
 

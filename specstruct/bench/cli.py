@@ -2,7 +2,7 @@
 
     specstruct bench --quick                       # issue 3's quick script: spec vs target-only, 3 prompts each
     specstruct bench --scenario json --limit 10 --out results.json --plot bench.png
-    specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png   # concurrent requests (batch.py)
+    specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png   # concurrent requests (batch_scenario.py)
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(
         _publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
     if scenario == "batch":
-        from .batch import parse_concurrency, run_batch_cli
+        from .batch_scenario import parse_concurrency, run_batch_cli
 
         try:
             size = {"batch_config": {"max_batch_size": max(parse_concurrency(concurrency))}}

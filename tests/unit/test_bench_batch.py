@@ -7,7 +7,7 @@ import json
 import pytest
 
 import specstruct as ss
-from specstruct.bench.batch import parse_concurrency, run_batch_benchmark
+from specstruct.bench.batch_scenario import parse_concurrency, run_batch_benchmark
 from specstruct.bench.batch_report import batch_markdown
 from specstruct.bench.measure import Settings
 
