@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import specstruct as ss
-from specstruct.decoding.serial import SerialBatchDecoder
+from specstruct.decoding.scheduler import DEFAULT_DECODER
 
 LIMIT = 60  # seconds any one test may take before it counts as a hang
 LONG = ss.Regex("[ab]{150}")  # a row that runs for a second or two (no EOS before 150 tokens)
@@ -50,8 +50,8 @@ def until(cond, seconds: float = 20.0) -> None:
         time.sleep(0.005)
 
 
-class Recording(SerialBatchDecoder):
-    """The serial decoder, remembering how many tokens each row had when it left; `gate` pauses step()."""
+class Recording(DEFAULT_DECODER):
+    """The engine's row decoder, remembering how many tokens each row had when it left; `gate` pauses step()."""
 
     def __init__(self, engine, **kw):
         super().__init__(engine, **kw)
