@@ -100,10 +100,10 @@ def _hf_static(engine: Any, wls: list[Workload], s: Settings) -> dict[str, Any]:
 
 def run_batch_benchmark(engine: Any, concurrencies: list[int], *, settings: Settings | None = None,
                         sides: tuple[str, ...] = SIDES,
-                        progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
-    """Every side at every concurrency; returns {"meta", "levels": [{concurrency, sides, ratios, identical}]}."""
-    import os
-
+                        progress: Callable[[int, int, str], None] | None = None,
+                        on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every side at every concurrency; returns {"meta", "levels": [{concurrency, sides, ratios, identical}]}.
+    `on_level` gets the results so far after each level (to save partial results of a long run)."""
     from .runner import machine_info
 
     s = settings or Settings()
@@ -140,8 +140,16 @@ def run_batch_benchmark(engine: Any, concurrencies: list[int], *, settings: Sett
         for r in got.values():
             r.pop("outputs", None)
         levels.append(level)
+        if on_level:
+            on_level({"scenario": "batch", "meta": _meta(engine, s, machine), "levels": levels})
     if progress:
         progress(steps, steps, "done")
+    return {"scenario": "batch", "meta": _meta(engine, s, machine), "levels": levels}
+
+
+def _meta(engine: Any, s: Settings, machine: dict[str, Any]) -> dict[str, Any]:
+    import os
+
     from .fairness import engine_numerics
 
     draft = getattr(getattr(engine.draft_model, "config", None), "_name_or_path", None)
@@ -149,7 +157,7 @@ def run_batch_benchmark(engine: Any, concurrencies: list[int], *, settings: Sett
             "numerics": engine_numerics(engine), "decoder": type(engine.scheduler.decoder).__name__,
             "batch_config": engine.batch_config.model_dump(), "settings": vars(s),
             "machine": {**machine, "load_average_1m_end": round(os.getloadavg()[0], 2)}}
-    return {"scenario": "batch", "meta": meta, "levels": levels}
+    return meta
 
 
 def run_batch_cli(engine: Any, concurrency: str, settings: Settings, console: Any, *, quiet: bool,
@@ -159,15 +167,17 @@ def run_batch_cli(engine: Any, concurrency: str, settings: Settings, console: An
     from .report import write_json
 
     levels = parse_concurrency(concurrency)
+    save = (lambda partial: write_json(partial, out)) if out else None  # noqa: E731
     if quiet:
-        results = run_batch_benchmark(engine, levels, settings=settings)
+        results = run_batch_benchmark(engine, levels, settings=settings, on_level=save)
     else:
         from rich.progress import Progress
 
         with Progress(console=console) as bar:
             task = bar.add_task("batch", total=None)
-            results = run_batch_benchmark(engine, levels, settings=settings, progress=lambda d, t, desc: bar.update(
-                task, completed=d, total=t, description=desc))
+            results = run_batch_benchmark(engine, levels, settings=settings, on_level=save,
+                                          progress=lambda d, t, desc: bar.update(task, completed=d, total=t,
+                                                                                 description=desc))
     print_batch_report(results, console)
     if out:
         console.print(f"results written to {write_json(results, out)}")
