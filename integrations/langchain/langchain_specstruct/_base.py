@@ -121,7 +121,8 @@ def usage_metadata(stats: Any) -> UsageMetadata:
 def speculative_metadata(stats: Any) -> dict[str, Any]:
     """The decoding statistics worth showing next to a response (all plain numbers, JSON-serialisable)."""
     keys = ("mode", "target_forwards", "drafted", "accepted", "acceptance_rate", "tokens_per_forward",
-            "tokens_per_s", "elapsed_s", "prefill_s", "mask_time_s", "draft_time_s", "verify_time_s")
+            "tokens_per_s", "elapsed_s", "prefill_s", "mask_time_s", "draft_time_s", "verify_time_s", "queue_s",
+            "batch_rows")
     out = {k: getattr(stats, k) for k in keys if hasattr(stats, k)}
     per = getattr(stats, "per_drafter", None) or {}
     out["per_drafter"] = {
