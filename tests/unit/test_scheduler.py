@@ -93,6 +93,16 @@ def test_batch_config_validates_its_keys(tok, target):
         assert e.batch_config.max_batch_size == 2 and e.scheduler.config.max_queue == 4
 
 
+def test_from_pretrained_takes_batch_config(tok, target, monkeypatch):
+    import specstruct.models.loading as loading
+
+    monkeypatch.setattr(loading, "load", lambda *a, **k: (target, tok))
+    with ss.SpecStruct.from_pretrained("tiny", batch_config={"max_batch_size": 3, "timeout_ms": 0}) as e:
+        assert e.scheduler.config == ss.BatchConfig(max_batch_size=3, timeout_ms=0)
+    with pytest.raises(ValidationError, match="max_batch"):
+        ss.SpecStruct.from_pretrained("tiny", batch_config={"max_batch": 3})
+
+
 def test_stats_carry_queue_time_and_batch_rows(make):
     e = make(timeout_ms=20)
     res = bounded(lambda: e.run("Is the sky blue?", Flag))
