@@ -29,3 +29,19 @@ def test_concurrency_levels_are_checked():
     for bad in ("", "0,2", "a"):
         with pytest.raises(ValueError, match="--concurrency"):
             parse_concurrency(bad)
+
+
+def test_cli_batch_scenario_on_tiny_models(tmp_path):
+    from typer.testing import CliRunner
+
+    from specstruct.bench.cli import app
+
+    out, md = tmp_path / "b.json", tmp_path / "b.md"
+    result = CliRunner().invoke(app, ["--tiny", "--scenario", "batch", "--concurrency", "1,2", "--max-new-tokens",
+                                      "6", "--quiet", "--out", str(out), "--markdown", str(md)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert [lv["concurrency"] for lv in data["levels"]] == [1, 2] and data["meta"]["batch_config"]["max_batch_size"] == 2
+    assert "x one-by-one" in md.read_text()
+    bad = CliRunner().invoke(app, ["--tiny", "--scenario", "batch", "--concurrency", "0"])
+    assert bad.exit_code != 0 and "--concurrency" in bad.output
