@@ -18,9 +18,11 @@ from .decoding.scheduler import DecoderFactory, Scheduler
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
+from .decoding import stops
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
+from .inputs import check_prompt
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
@@ -106,7 +108,7 @@ class SpecStruct(AsyncCalls):
                             max_new_tokens or self.config.max_new_tokens)
 
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        messages = check_prompt(prompt)
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
         if instruction:
             if messages and messages[0].get("role") == "system":
@@ -129,13 +131,6 @@ class SpecStruct(AsyncCalls):
                 f"window is {limit} tokens: shorten the prompt or lower max_new_tokens"
             )
         return ids
-
-    @staticmethod
-    def _code_stop(cfg: SpecConfig, spec: OutputSpec) -> SpecConfig:
-        """Code mode stops at the fence that closes a ```python block: what chat models write after it is prose."""
-        if spec.spec.mode == "code" and "\n```" not in cfg.stop:
-            return cfg.merged(stop=[*cfg.stop, "\n```"])
-        return cfg
 
     def _config(self, config: SpecConfig | None, **overrides: Any) -> SpecConfig:
         base = self.config if config is None else config
@@ -169,7 +164,6 @@ class SpecStruct(AsyncCalls):
         """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
         finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
         spec = resolve(output_type)
-        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec)
         messages = self._messages(prompt, spec, system)
         attempts: list[dict[str, Any]] = []
@@ -199,11 +193,16 @@ class SpecStruct(AsyncCalls):
             f"last error: {attempts[-1]['error']}", attempts)
 
     def _finish(self, decode, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig) -> str:
-        """The final text (cut at a stop string); raises when max_new_tokens cut a structured output short."""
-        text = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
-        for s in cfg.stop:
-            if s in text:
-                text = text[: text.index(s)]
+        """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
+        is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
+        full = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
+        text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
+        if text != full and spec.spec.mode not in ("text", "code") and not self._compile(spec).accepts(text):
+            hit = min((s for s in cfg.stop if s in full), key=full.find)
+            raise IncompleteOutputError(
+                f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
+                "complete value; remove that stop string (constrained outputs end by themselves)",
+                text, decode.token_ids, decode.stats)
         if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
@@ -248,7 +247,6 @@ class SpecStruct(AsyncCalls):
     def _stream_job(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
                     cfg: SpecConfig) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
         spec = resolve(output_type)
-        cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec).fork()
         ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
         return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)

@@ -22,12 +22,12 @@ def deadline(timeout: float | None) -> float | None:
 class StreamChunks:
     def __init__(self, owner: Any, spec: OutputSpec, constraint: Any, cfg: Any):
         self.owner, self.spec, self.constraint, self.cfg = owner, spec, constraint, cfg
-        self.detok = IncrementalDetokenizer(owner.tokenizer)
+        self.detok = IncrementalDetokenizer(owner.tokenizer, cfg.stop, code_fence=spec.spec.mode == "code")
         self.json_mode = spec.spec.mode == "json"
 
     def push(self, tokens: list[int]) -> Chunk | None:
         delta = self.detok.push(tokens)
-        return Chunk(text=delta, partial=partial_json(self.detok.text) if self.json_mode else None) if delta else None
+        return Chunk(text=delta, partial=partial_json(self.detok.safe_text) if self.json_mode else None) if delta else None
 
     def final(self, row: Any) -> Chunk:
         text = self.owner._finish(row, self.spec, self.constraint, self.cfg)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specstruct.errors import InvalidParameterError
 
 
 class SpecConfig(BaseModel):
@@ -34,9 +36,9 @@ class SpecConfig(BaseModel):
 
     # decoding
     max_new_tokens: int = Field(512, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: list[str] = Field(default_factory=list)
 
     # placement
@@ -44,10 +46,16 @@ class SpecConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
 
     def merged(self, **overrides: Any) -> "SpecConfig":
-        """A copy with the given keys replaced (None values are ignored)."""
+        """A copy with the given keys replaced (None values are ignored). A bad value raises
+        InvalidParameterError naming the key and the allowed range."""
         data = self.model_dump()
         data.update({k: v for k, v in overrides.items() if v is not None})
-        return SpecConfig(**data)
+        try:
+            return SpecConfig(**data)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}={e.get('input')!r}: {e['msg']}"
+                                 for e in err.errors())
+            raise InvalidParameterError(f"invalid decoding parameter: {problems}") from None
 
     def cap(self, mode: str) -> int:
         """Largest number of draft candidates per step for an output mode."""

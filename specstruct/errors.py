@@ -26,6 +26,19 @@ class PromptTooLongError(SpecStructError, ValueError):
     """The prompt plus max_new_tokens does not fit in the model's context window."""
 
 
+class InvalidPromptError(SpecStructError, ValueError):
+    """The prompt is not a string or a list of chat messages ({"role": ..., "content": str}), or holds text that
+    cannot be encoded (a lone surrogate). The message names the item and how to fix it."""
+
+
+class InvalidParameterError(SpecStructError, ValueError):
+    """A decoding parameter (temperature, top_p, seed, max_new_tokens, ...) is out of range."""
+
+
+class MissingExtraError(SpecStructError, ImportError):
+    """An optional dependency is not installed; the message names the `pip install -e ".[extra]"` that adds it."""
+
+
 class IncompleteOutputError(SpecStructError):
     """max_new_tokens ran out before the constrained output was complete. `.text` holds what was generated."""
 

@@ -10,6 +10,10 @@ T = TypeVar("T")
 
 @dataclass
 class DrafterStats:
+    """One drafter's candidates that the target judged: `proposed` counts its accepted tokens plus the first one
+    rejected (tokens after a rejection, its own or an earlier drafter's, were never judged and are not counted),
+    so `acceptance_rate` is the per-token acceptance probability."""
+
     proposed: int = 0
     accepted: int = 0
 
@@ -67,6 +71,19 @@ class Stats:
 
 @dataclass
 class Result(Generic[T]):
+    """The value, its text and tokens, and how it was decoded.
+
+    Losslessness: with row-invariant numerics (`stats.numerics` starts with "float32, row-invariant": CPU,
+    float32, an architecture the row-wise attention is exact for), greedy speculative output equals greedy
+    target-only output token for token. With stock numerics (CUDA, bfloat16/float16, sliding windows,
+    soft-capping, attention sinks; `stats.numerics` names the reason) every token is still the target's own
+    choice on the pass that verified it and always matches the constraint, but a near-tie may resolve
+    differently than in one-token-at-a-time decoding.
+
+    `text` is cut before the first stop string; `token_ids` end with the token that completed it. A constrained
+    value is always complete under its constraint: a stop string or max_new_tokens that cut it short raises
+    IncompleteOutputError instead."""
+
     value: T
     text: str
     token_ids: list[int]

@@ -4,31 +4,44 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from specstruct.decoding import stops
+
 
 class IncrementalDetokenizer:
     """Emits only new text, holding back a trailing incomplete UTF-8 character (byte-level BPE can split one
-    character across tokens)."""
+    character across tokens) and any tail that may still become a stop string, and nothing from a stop on:
+    the joined deltas are always a prefix of the final `Result.text`."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: Sequence[str] = (), code_fence: bool = False):
+        self.tokenizer, self.stop, self.code_fence = tokenizer, list(stop), code_fence
         self.ids: list[int] = []
         self.text = ""  # everything decoded so far
         self.emitted = 0  # characters already handed out
+
+    @property
+    def safe_text(self) -> str:
+        """The text handed out so far."""
+        return self.text[: self.emitted]
 
     def push(self, ids: Sequence[int]) -> str:
         self.ids.extend(ids)
         self.text = text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
-        delta, self.emitted = text[self.emitted :], len(text)
+        end = stops.stop_index(text, self.stop, self.code_fence)
+        if end is None:
+            end = len(text) - stops.held_back(text, self.stop, self.code_fence)
+        if end <= self.emitted:
+            return ""
+        delta, self.emitted = text[self.emitted : end], end
         return delta
 
 
 def partial_json(text: str) -> Any:
-    """The object parsed so far from incomplete JSON text (LangChain's tolerant parser), or None."""
-    from langchain_core.utils.json import parse_partial_json
+    """The object parsed so far from incomplete JSON text (pydantic_core's partial parser), or None."""
+    from pydantic_core import from_json
 
     try:
-        return parse_partial_json(text)
-    except Exception:  # an unfinished number or literal that cannot be closed yet
+        return from_json(text, allow_partial="trailing-strings")
+    except ValueError:  # nothing parseable yet, or an unfinished number or literal that cannot be closed
         return None

@@ -94,3 +94,48 @@ def perturbed(model, noise: float = 0.02, seed: int = 1):
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise * p.std().clamp_min(1e-6))
     return draft
+
+
+class ScriptedRuntime:
+    """A stand-in target runtime that writes `script` (token ids) and then EOS, whatever the prompt: the loop,
+    the constraint masks, stop strings and streaming run for real on a known output. Where the constraint
+    forbids the scripted token, the lowest legal id wins (as with any argmax under a mask)."""
+
+    numerics = "scripted"
+
+    def __init__(self, script: list[int], vocab_size: int, eos_id: int):
+        self.script, self.vocab_size, self.eos_id = list(script), vocab_size, eos_id
+        self.max_length = None
+        self._prompt = self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def _row(self, position: int) -> torch.Tensor:
+        logits = torch.zeros(self.vocab_size)
+        logits[self.script[position] if position < len(self.script) else self.eos_id] = 10.0
+        return logits
+
+    def prefill(self, ids) -> torch.Tensor:
+        self._prompt = self._length = len(ids)
+        return self._row(0)
+
+    def extend(self, ids) -> torch.Tensor:
+        start = self._length - self._prompt + 1
+        self._length += len(ids)
+        return torch.stack([self._row(start + i) for i in range(len(ids))])
+
+    def crop(self, length: int) -> None:
+        self._length = length
+
+
+def scripted_engine(text: str, tokenizer=None, **config):
+    """A SpecStruct over the tiny tokenizer whose target always writes `text` (then EOS); no draft model."""
+    import specstruct as ss
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tokenizer, hidden=16, layers=1), tokenizer, config=ss.SpecConfig(**config))
+    script = tokenizer.encode(text, add_special_tokens=False)
+    engine.engine.target = ScriptedRuntime(script, engine.runtime.vocab_size, tokenizer.eos_token_id)
+    return engine

@@ -17,21 +17,19 @@ import argparse
 import collections
 import json
 import multiprocessing as mp
-import os
 import random
 import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from specstruct.constraints.schema_normalise import follow_ref
+from specstruct.bench.workloads import jsonschemabench_dir
+
 VOCAB_SIZE, EOS = 408, 2  # tiny_model's padded LM head; <|im_end|>
 
 
-def corpus_dir() -> Path | None:
-    """The JSONSchemaBench folder: env SPECSTRUCT_JSONSCHEMABENCH, else ../shared/data/jsonschemabench."""
-    env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
-    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
-    return path if path.is_dir() else None
+corpus_dir = jsonschemabench_dir  # the JSONSchemaBench folder, or None (one finder for the whole bench)
 
 
 def corpus_files(limit: int | None = None, seed: int = 0) -> list[Path]:
@@ -49,14 +47,14 @@ def serialise(value: Any, schema: Any, root: Any | None = None) -> str:
 
 
 def canonical(value: Any, node: Any, root: Any, depth: int = 0) -> Any:
-    node = _deref(node, root)
+    node = follow_ref(node, root)
     if depth > 30 or not isinstance(node, dict):
         return value
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(node.get(key), list) and node[key]:
             branch = _best_branch(value, node[key], root)
-            value = canonical(value, {**{k: v for k, v in node.items() if k != key}, **_deref(branch, root)},
-                              root, depth + 1) if isinstance(_deref(branch, root), dict) else value
+            value = canonical(value, {**{k: v for k, v in node.items() if k != key}, **follow_ref(branch, root)},
+                              root, depth + 1) if isinstance(follow_ref(branch, root), dict) else value
     types = node.get("type")
     if types == "integer" and isinstance(value, float) and value.is_integer():
         return int(value)
@@ -74,20 +72,9 @@ def canonical(value: Any, node: Any, root: Any, depth: int = 0) -> Any:
     return value
 
 
-def _deref(node: Any, root: Any) -> Any:
-    for _ in range(10):
-        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#")):
-            return node
-        target = root
-        for part in (p for p in node["$ref"][1:].split("/") if p):
-            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
-        node = target
-    return node
-
-
 def _best_branch(value: Any, branches: list, root: Any) -> Any:
     def score(b: Any) -> int:
-        b = _deref(b, root)
+        b = follow_ref(b, root)
         if isinstance(value, dict) and isinstance(b, dict) and isinstance(b.get("properties"), dict):
             return len(set(value) & set(b["properties"]))
         return 0

@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
+from ..api import eos_token_ids
 from .measure import Measurement, Settings, chat_ids, prompt_messages
 from .fairness import linear_numerics
 from .workloads import Workload
@@ -40,12 +41,7 @@ def stock_numerics(*models: Any) -> Iterator[None]:
 def eos_ids(engine: Any) -> list[int]:
     """The ids that end a turn, exactly as the engine stops on them (so every side stops alike)."""
     ids = getattr(engine, "eos_token_ids", None)
-    if ids:
-        return list(ids)
-    found = {engine.tokenizer.eos_token_id}
-    configured = getattr(getattr(engine.model, "generation_config", None), "eos_token_id", None)
-    found |= set(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in found if i is not None)
+    return list(ids) if ids else eos_token_ids(engine.tokenizer, engine.model)
 
 
 def _generate_kwargs(tokenizer: Any, eos: list[int], s: Settings) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from ..errors import ConstraintError
+from ..extras import needs_extras
 from .baselines import SpecStructSide
 from .external import HFSide, OutlinesSide
 from .measure import Measurement, Settings
@@ -222,6 +223,7 @@ def _draft_name(engine: Any) -> str | None:
     return os.path.basename(str(path).rstrip("/")) or type(draft).__name__
 
 
+@needs_extras("the benchmark")
 def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int = 5,
                   baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
                   base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,

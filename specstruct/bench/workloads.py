@@ -60,16 +60,26 @@ class Workload:
         return self.outlines_type is not None
 
 
-def find_jsonschemabench() -> Path:
-    """The JSONSchemaBench folder: $SPECSTRUCT_JSONSCHEMABENCH, else ../shared/data/jsonschemabench next
-    to the repository (the layout of this project's workspace)."""
+def _jsonschemabench_candidates() -> list[Path]:
     env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
+    if env:
+        return [Path(env)]
     repo = Path(__file__).resolve().parents[2]
-    candidates = [Path(env)] if env else [repo.parent / "shared" / "data" / "jsonschemabench",
-                                          Path.cwd().parent / "shared" / "data" / "jsonschemabench"]
-    for path in candidates:
-        if path.is_dir():
-            return path
+    return [base / "shared" / "data" / "jsonschemabench" for base in (repo.parent, repo.parent.parent, Path.cwd().parent)]
+
+
+def jsonschemabench_dir() -> Path | None:
+    """The JSONSchemaBench folder: $SPECSTRUCT_JSONSCHEMABENCH, else shared/data/jsonschemabench next to the
+    repository or its worktree folder (the layout of this project's workspace); None when absent."""
+    return next((p for p in _jsonschemabench_candidates() if p.is_dir()), None)
+
+
+def find_jsonschemabench() -> Path:
+    """jsonschemabench_dir(), or FileNotFoundError saying where it looked and how to point at the data."""
+    path = jsonschemabench_dir()
+    if path is not None:
+        return path
+    candidates = _jsonschemabench_candidates()
     raise FileNotFoundError(
         f"JSONSchemaBench schemas not found (looked in {', '.join(map(str, candidates))}). Set "
         "SPECSTRUCT_JSONSCHEMABENCH to a folder of JSONSchemaBench/MaskBench *.json files, or run "

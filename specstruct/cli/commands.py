@@ -68,6 +68,14 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
     return ss.SpecStruct.from_pretrained(model, draft=None if no_draft else draft, config=config)
 
 
+def _check(output_type: Any) -> None:
+    """Compile what needs no tokenizer (regex, grammar, schema) first: a typo exits 3 before any model loads."""
+    from specstruct.constraints import check_spec
+    from specstruct.output_types import resolve
+
+    check_spec(resolve(output_type).spec)
+
+
 def _emit(engine: Any, prompt: Any, output_type: Any, stream: bool, stats: bool, **kw: Any) -> None:
     if stream:
         result = None
@@ -148,6 +156,7 @@ def generate(
     """
     with errors():
         output_type = output_type_from_options(schema, pydantic, regex, choice, grammar, code)
+        _check(output_type)
         text = read_text("-", "prompt") if prompt == "-" else prompt
         engine = _engine(model, draft, no_draft, max_new_tokens)
         _emit(engine, text, output_type, stream, stats, system=system, max_new_tokens=max_new_tokens,
@@ -171,6 +180,7 @@ def extract(
     """
     with errors():
         schema_obj = load_schema(schema)
+        _check(schema_obj)
         body = read_text(text, "--text")
         engine = _engine(model, draft, no_draft, max_new_tokens)
         system = EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj))
@@ -188,7 +198,8 @@ def bench(ctx: typer.Context) -> None:
     if bench_app is None:
         raise fail("specstruct.bench.cli has no `app`", EXIT_OTHER)
     command = typer.main.get_command(bench_app) if isinstance(bench_app, typer.Typer) else bench_app
-    command.main(args=list(ctx.args), prog_name="specstruct bench", standalone_mode=True)
+    with errors():
+        command.main(args=list(ctx.args), prog_name="specstruct bench", standalone_mode=True)
 
 
 def main() -> None:

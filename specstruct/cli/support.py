@@ -59,6 +59,9 @@ def errors() -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if state["debug"]:
             raise
+        from specstruct.extras import as_missing_extra
+
+        exc = as_missing_extra(exc) or exc
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
         if len(message) > 600:
             message = message[:600] + " ..."

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import pickle
+import re
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Sequence
 
@@ -29,10 +31,12 @@ from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.regexes import choice_regex, json_regex
 from specstruct.constraints.token_table import TokenTable, token_table
 
-__all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
+__all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
 
-_FORMAT_VERSION = "2"
+_FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
+OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
+_NUL = re.compile(r"\x00|\\x00|\\x\{0+\}|\\0|\\u0000|\\U00000000")
 
 
 _PROGRAMS: dict[tuple, _Program] = {}
@@ -46,16 +50,12 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     if spec.kind in ("text", "code"):
         return FreeTextConstraint(table, vocab_size, eos, spec.mode, tokenizer)
     if spec.kind == "grammar":
-        return GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
-    if spec.kind == "json":
-        regex = json_regex(spec.source or "{}")
-    elif spec.kind == "choice":
-        regex = choice_regex(json.loads(spec.source or "[]"))
-    elif spec.kind == "regex":
-        regex = spec.source or ""
-        _check_regex_syntax(regex, spec)
-    else:
-        raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+        grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
+        if not grammar.is_final() and not bool(grammar.mask().any()):
+            raise ConstraintError("this grammar admits no output (its start rule matches nothing this tokenizer "
+                                  "can write); check the start rule and its terminals.")
+        return grammar
+    regex = check_spec(spec)
     key = (table.key, regex, vocab_size, tuple(sorted(eos)))
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)
@@ -69,23 +69,58 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     return AutomatonConstraint(program, spec.mode, tokenizer)
 
 
+def check_spec(spec: ConstraintSpec) -> str | None:
+    """Everything about `spec` that needs no tokenizer, raising ConstraintError: regex syntax, grammar syntax,
+    JSON-schema support. Returns the regex of automaton kinds (None for grammar, text, code). Cheap enough to
+    run before loading a model (the CLI does)."""
+    if spec.kind in ("text", "code"):
+        return None
+    if spec.kind == "grammar":
+        from llguidance import LLMatcher
+
+        try:
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(spec.source or ""))
+        except (ValueError, RuntimeError) as e:
+            error = str(e)
+        if error:
+            raise ConstraintError(f"invalid Lark grammar: {error.strip()}")
+        return None
+    if spec.kind == "json":
+        return json_regex(spec.source or "{}")
+    if spec.kind == "choice":
+        return choice_regex(json.loads(spec.source or "[]"))
+    if spec.kind == "regex":
+        regex = spec.source or ""
+        if _NUL.search(regex):
+            raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
+                                  "of output); remove \\x00 from the pattern.")
+        _check_regex_syntax(regex, spec)
+        return regex
+    raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+
+
 def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
     """The outlines_core Index of `regex`, from the disk cache when possible."""
     from outlines_core import Index
 
-    digest = hashlib.sha256(f"{_FORMAT_VERSION}\0{regex}".encode()).hexdigest()[:32]
-    path = cache_dir() / table.key / f"{digest}.index"
+    path = index_path(regex, table)
     if path.exists():
         try:
-            return Index.from_binary(path.read_bytes())
+            return pickle.loads(path.read_bytes())
         except Exception:  # a corrupt or stale entry: rebuild it
             path.unlink(missing_ok=True)
     try:
         index = Index(f"(?:{regex})\\x00", table.vocabulary())
     except (ValueError, RuntimeError) as e:
         raise _regex_error(regex, spec, str(e)) from e
-    write_atomic(path, index.__reduce__()[1][0])
+    write_atomic(path, pickle.dumps(index))
     return index
+
+
+def index_path(regex: str, table: TokenTable) -> Path:
+    """The disk-cache file of `regex`'s Index over `table` (named by format, outlines_core version and regex)."""
+    digest = hashlib.sha256(f"{_FORMAT_VERSION}\0{OUTLINES_CORE_VERSION}\0{regex}".encode()).hexdigest()[:32]
+    return cache_dir() / table.key / f"{digest}.index"
 
 
 def _check_regex_syntax(regex: str, spec: ConstraintSpec) -> None:

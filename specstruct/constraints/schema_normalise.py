@@ -184,18 +184,28 @@ def _fold(node: dict, root: Any) -> dict:
     return node
 
 
-def _deref(node: Any, root: Any) -> Any:
-    """Follow a local `$ref` (with nothing but annotations beside it), up to a few hops."""
-    for _ in range(8):
+def follow_ref(node: Any, root: Any, hops: int = 10) -> Any:
+    """The node a local `$ref` ("#/a/b", JSON-pointer escapes) points to, following chains up to `hops`;
+    a node without a local $ref is returned as is, a pointer to nowhere gives None."""
+    for _ in range(hops):
         if not (isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#")):
-            return node
-        if any(k in KNOWN and k != "$ref" for k in node):
             return node
         target = root
         for part in (p for p in node["$ref"][1:].split("/") if p):
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target.get(part) if isinstance(target, dict) else None
-        if target is None:
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        node = target
+    return node
+
+
+def _deref(node: Any, root: Any) -> Any:
+    """Follow a local `$ref` (with nothing but annotations beside it), up to a few hops."""
+    for _ in range(8):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        if any(k in KNOWN and k != "$ref" for k in node):
+            return node
+        target = follow_ref({"$ref": node["$ref"]}, root, hops=1)
+        if target is None or target is node:
             return node
         node = target
     return node

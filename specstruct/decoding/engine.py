@@ -14,16 +14,19 @@ way (greedy: token for token; sampling: in distribution).
 from __future__ import annotations
 
 import time
+import types
 from typing import Iterator, Sequence
 
 import torch
 
 from specstruct.config import SpecConfig
+from specstruct.errors import ConstraintError
 from .drafting import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
-from .interfaces import Constraint
+from .interfaces import Constraint, Drafter, Policy, Runtime
 from .policy import AdaptivePolicy
 from specstruct.results import DrafterStats, Stats
 from .runtime import ModelRuntime
+from .stops import stop_tokens
 from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
 
@@ -46,24 +49,42 @@ class _Timed:
         return getattr(self.inner, name)
 
 
+class _WithConfig:
+    """The engine's shared policy (what it learned: acceptance, costs) driven by one request's config, so a
+    request never overwrites the config other requests plan with."""
+
+    def __init__(self, policy: AdaptivePolicy, config: SpecConfig):
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "config", config)
+
+    def __getattr__(self, name):
+        method = getattr(type(self._policy), name, None)
+        if callable(method):
+            return types.MethodType(method, self)  # the policy's own code, reading this request's config
+        return getattr(self._policy, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._policy, name, value)  # learning lands in the shared policy
+
+
 class Engine:
     """Owns the target runtime, the drafters and the policy; `decode` runs one request."""
 
     def __init__(
         self,
-        target: ModelRuntime,
+        target: Runtime,
         tokenizer,
         eos_token_ids: Sequence[int],
         draft: ModelRuntime | None = None,
         config: SpecConfig | None = None,
     ):
-        self.target = target
+        self.target: Runtime = target
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
-        self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
         self.numerics = target.numerics
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
@@ -86,13 +107,15 @@ class Decode:
             # a seeded sample must not depend on timings or earlier requests: plan from this request alone
             self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
         else:
-            self.policy = engine.policy
-            self.policy.config = config
+            self.policy = _WithConfig(engine.policy, config)
         self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, mask: torch.Tensor) -> int:
+        if not bool(mask.any()):  # argmax over an all-false mask would pick token 0 as if it were legal
+            raise ConstraintError("the constraint reached a state where no token is legal (not even EOS): its "
+                                  "language has a dead end here; check the grammar, regex or schema.")
         if self.config.temperature > 0:
             return sample(distribution(logits, mask, self.config.temperature, self.config.top_p), self.generator)
         return greedy_token(logits, mask)
@@ -113,18 +136,16 @@ class Decode:
         return None
 
     def _hit_stop(self) -> bool:
-        """True when a stop string has appeared; token_ids are then trimmed to end with the token that completed
-        it, exactly where one-token-at-a-time decoding would have stopped."""
-        if not self.config.stop:
+        """True when a stop string (code mode: the closing fence) has appeared; token_ids are then trimmed to
+        end with the token that completed it, exactly where one-token-at-a-time decoding would have stopped."""
+        code = self.constraint.mode == "code"
+        if not self.config.stop and not code:
             return False
-        decode = self.engine.tokenizer.decode
-        if not any(s in decode(self.token_ids[-64:]) for s in self.config.stop):
+        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        n = stop_tokens(decode, self.token_ids, self.config.stop, code_fence=code)
+        if n is None:
             return False
-        ids = self.token_ids
-        for m in range(max(1, len(ids) - 8), len(ids) + 1):
-            if any(s in decode(ids[max(0, m - 64) : m]) for s in self.config.stop):
-                del ids[m:]
-                break
+        del self.token_ids[n:]
         return True
 
     def _draft(self, budget: int) -> tuple[list[int], list[torch.Tensor | None], list[tuple[str, int]]]:
@@ -160,19 +181,18 @@ class Decode:
         for name, count in segments:
             got = max(0, min(count, accepted - offset))
             judged = offset <= accepted  # the target reached this drafter's first token
+            seen = min(count, accepted - offset + 1)  # accepted ones plus the first rejected one
             offset += count
-            st = self.stats.per_drafter.setdefault(name, DrafterStats())
-            st.proposed += count
-            st.accepted += got
             if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                st = self.stats.per_drafter.setdefault(name, DrafterStats())
+                st.proposed += seen
+                st.accepted += got
                 self.policy.observe(self.constraint.mode, name, count, got)
-                self.engine.drafters[name].observe(count, got)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
         cfg, rt, c, st = self.config, self.engine.target, self.constraint, self.stats
         eos = self.engine.eos
-        self.policy.config = cfg
         model_drafter = self.engine.drafters.get("model")
         if model_drafter is not None:
             model_drafter.reset(self.generator)
@@ -188,6 +208,7 @@ class Decode:
                     self.finish_reason = "stop"
                     return
                 if c.advance([pending]) != 1:
+                    self._choose(logits[-1] if logits.dim() > 1 else logits, c.mask())  # a dead end raises here
                     raise RuntimeError(f"internal error: token {pending} chosen under the mask was rejected")
                 self.token_ids.append(pending)
                 yield [pending]

@@ -28,7 +28,7 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes candidates for the target to verify, then learns how many were accepted."""
+    """Proposes candidates for the target to verify. (What was accepted is learned by the Policy, not here.)"""
 
     name: str
 
@@ -36,8 +36,6 @@ class Drafter(Protocol):
         """Up to k tokens continuing `context` (prompt + committed tokens). `constraint` is a fork positioned
         at the end of `context`; the drafter advances it over what it proposes."""
         ...
-
-    def observe(self, proposed: int, accepted: int) -> None: ...
 
 
 @dataclass

@@ -7,11 +7,13 @@ decoding both fast and lossless there:
   1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the 2-core
   AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
   while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
-  costs about 1.5x one token instead of 2.6x (see docs/benchmarks.md).
+  of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
+  (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
 - Attention for short query blocks (decoding, verification) is computed row by row over exactly the keys each
   row may see, so a token's logits never depend on which other tokens share the pass.
 
-Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding.
+Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, for
+architectures the row-wise attention computes exactly (`row_invariant_support`); others keep stock numerics.
 Prefill (long blocks) uses stock SDPA: it is the same pass with or without speculation.
 """
 
@@ -23,6 +25,8 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from specstruct.models.loading import output_rows
 
 ROWWISE_MAX_ROWS = 32  # query blocks up to this size use exact row-by-row attention
 _ATTN_NAME = "specstruct_rowwise"
@@ -69,6 +73,35 @@ def _register_attention() -> None:
     AttentionInterface.register(_ATTN_NAME, _rowwise_attention)
 
 
+def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
+    """(True, "") when the row-wise attention above computes exactly what the model's own attention does:
+    plain causal attention over every cached key, routed through transformers' AttentionInterface. Otherwise
+    (False, the reason): sliding windows, attention-logit soft-capping, attention sinks and chunked attention
+    would all be computed wrongly, silently. tests/unit/decoding/test_row_invariant_support.py checks each."""
+    cfg = model.config
+    if not getattr(model, "_supports_attention_backend", False):
+        return False, f"{type(model).__name__} does not route attention through transformers' AttentionInterface"
+    if getattr(cfg, "attn_logit_softcapping", None):
+        return False, "attention-logit soft-capping is in use"
+    if getattr(cfg, "attention_chunk_size", None):
+        return False, "chunked attention is in use"
+    layer_types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if layer_types is not None:
+        sliding = any("sliding" in str(t) or "chunk" in str(t) for t in layer_types)
+    else:
+        sliding = getattr(cfg, "use_sliding_window", None) is not False and bool(window) and \
+            window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
+    if sliding:
+        return False, f"a sliding window ({window} tokens) is in use"
+    for name, mod in model.named_modules():
+        if isinstance(getattr(mod, "sinks", None), torch.Tensor):
+            return False, f"attention sinks are in use ({name})"
+        if getattr(mod, "is_causal", True) is False:
+            return False, f"non-causal attention in {name}"
+    return True, ""
+
+
 def row_invariant_available(model: torch.nn.Module) -> bool:
     p = next(model.parameters())
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
@@ -78,8 +111,10 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
     if getattr(model, "_specstruct_numerics", None):
         return model._specstruct_numerics
-    if not row_invariant_available(model):
-        desc = f"stock ({next(model.parameters()).dtype}, {next(model.parameters()).device.type})"
+    supported, reason = row_invariant_support(model)
+    if not row_invariant_available(model) or not supported:
+        p = next(model.parameters())
+        desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
         model._specstruct_numerics = desc
         return desc
     for mod in model.modules():
@@ -120,12 +155,6 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
         q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
     return q
-
-
-def output_rows(model: torch.nn.Module) -> int:
-    """Logits per token (the LM head's rows; quantized heads expose `weight` as a method)."""
-    weight = model.get_output_embeddings().weight
-    return int((weight() if callable(weight) else weight).shape[0])
 
 
 class ModelRuntime:

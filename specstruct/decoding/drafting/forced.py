@@ -29,6 +29,3 @@ class ForcedTextDrafter:
         ids = ids[:k]
         n = constraint.advance(ids)  # a canonical token can overshoot what is forced: keep the legal prefix
         return Draft(list(ids[:n]), source=self.name)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass

@@ -31,6 +31,3 @@ class PromptLookupDrafter:
                         return Draft(cont[:m], source=self.name)
                     break  # the freshest match is illegal here; shorter n-grams may still help
         return Draft([], source=self.name)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass

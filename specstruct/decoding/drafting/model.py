@@ -73,6 +73,3 @@ class DraftModelDrafter:
             self.step_seconds.append((1, time.perf_counter() - t0))
             self.tokens.append(t)
         return Draft(tokens, q=torch.stack(qs) if qs else None, source=self.name)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass

@@ -1,0 +1,51 @@
+"""What a prompt may be, checked before anything is tokenized: a string, or a list of chat messages
+`{"role": "system" | "user" | "assistant" | "tool", "content": str, ...}`. Anything else is an
+InvalidPromptError that names the item and the fix, never a tokenizer's TypeError or a silently rendered message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specstruct.errors import InvalidPromptError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidPromptError(
+            f"{where} holds a lone surrogate {text[err.start]!r} at character {err.start}, which is not valid "
+            "Unicode text; decode the source with errors='replace' or remove it") from None
+
+
+def check_prompt(prompt: Any) -> list[dict[str, Any]]:
+    """The prompt as chat messages (copies), or InvalidPromptError."""
+    if isinstance(prompt, str):
+        _check_text(prompt, "the prompt")
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, (bytes, bytearray)):
+        raise InvalidPromptError("the prompt is bytes; decode it to str first (e.g. prompt.decode('utf-8'))")
+    if prompt is None or not isinstance(prompt, (list, tuple)):
+        raise InvalidPromptError(f"the prompt must be a str or a list of chat messages, got {prompt!r:.80}"
+                                 if prompt is not None else "the prompt is None; pass a str or a list of messages")
+    if not prompt:
+        raise InvalidPromptError("the prompt is an empty list of messages; pass at least one message")
+    messages = []
+    for i, m in enumerate(prompt):
+        if not isinstance(m, dict):
+            raise InvalidPromptError(f"message {i} is a {type(m).__name__}, not a dict like "
+                                     '{"role": "user", "content": "..."}')
+        if m.get("role") not in ROLES:
+            raise InvalidPromptError(f"message {i} has role {m.get('role')!r}; use one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if content is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            raise InvalidPromptError(f"message {i} has no content; add \"content\": \"...\"")
+        if content is not None and not isinstance(content, str):
+            raise InvalidPromptError(f"message {i} has content of type {type(content).__name__}; content must "
+                                     "be a str")
+        if content is not None:
+            _check_text(content, f"message {i}")
+        messages.append(dict(m))
+    return messages

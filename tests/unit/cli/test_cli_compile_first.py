@@ -1,0 +1,40 @@
+"""The CLI checks the output option before loading any model (issue 13, defect 15): a typo in --regex or
+--grammar exits 3 at once instead of after a full model load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specstruct.cli import commands as cli
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    calls = []
+
+    def engine(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError("the model was loaded before the constraint was checked")
+
+    monkeypatch.setattr(cli, "_engine", engine)
+    return calls
+
+
+@pytest.mark.parametrize("option, value", [("--regex", "a)|(b"), ("--regex", "[0-9"), ("--choice", "a\x00b,c")])
+def test_a_bad_constraint_exits_3_before_any_model_loads(loads, option, value):
+    result = CliRunner().invoke(cli.app, ["generate", "hi", option, value])
+    assert result.exit_code == 3, result.output
+    assert loads == []
+
+
+def test_a_bad_grammar_or_schema_exits_3_before_any_model_loads(loads, tmp_path):
+    grammar = tmp_path / "g.lark"
+    grammar.write_text("start: undefined_rule\n")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}))
+    assert CliRunner().invoke(cli.app, ["generate", "hi", "--grammar", str(grammar)]).exit_code == 3
+    assert CliRunner().invoke(cli.app, ["extract", "--schema", str(schema), "--text", "-"], input="x").exit_code == 3
+    assert loads == []

@@ -1,0 +1,65 @@
+"""Constraints that admit nothing, NUL in regexes, and the disk cache key (issue 13, defects 7, 12, 13)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import specstruct as ss
+from specstruct.constraints import compiler
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.testing import scripted_engine, tiny_tokenizer
+
+
+def _compile(spec: ConstraintSpec):
+    tok = tiny_tokenizer()
+    return compiler.compile_constraint(spec, tok, vocab_size=len(tok) + 8, eos_token_ids=[tok.eos_token_id])
+
+
+def test_a_grammar_that_matches_nothing_is_a_constraint_error():  # defect 12
+    with pytest.raises(ss.ConstraintError, match="admits no output"):
+        _compile(ConstraintSpec("grammar", r"start: /[^\s\S]/", "grammar"))
+
+
+def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():  # defect 12
+    engine = scripted_engine("ab")
+
+    class DeadEnd:  # a backend whose state admits no token at all (no EOS either)
+        def __init__(self, inner):
+            self.inner = inner
+
+        def mask(self):
+            return self.inner.mask() & False
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    constraint = DeadEnd(engine.constraint(ss.Regex("a+")))
+    decode = engine.engine.decode(engine.prompt_ids("go"), constraint, engine.config)
+    with pytest.raises(ss.ConstraintError, match="no token"):
+        decode.run()
+
+
+@pytest.mark.parametrize("pattern", ["a\x00b", r"a\x00b", r"a\0", r"a\x{0}", r"a\u0000"])
+def test_a_nul_in_a_regex_is_a_constraint_error(pattern):  # defect 13
+    with pytest.raises(ss.ConstraintError, match="NUL"):
+        _compile(ConstraintSpec("regex", pattern, "regex"))
+
+
+def test_the_disk_cache_is_keyed_by_the_outlines_core_version(monkeypatch, tmp_path):  # defect 7
+    monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    table = compiler.token_table(tiny_tokenizer())
+    first = compiler.index_path("x[0-9]+", table)
+    monkeypatch.setattr(compiler, "OUTLINES_CORE_VERSION", "0.0.0-other")
+    assert compiler.index_path("x[0-9]+", table) != first
+
+
+def test_the_disk_cache_holds_a_pickled_index(monkeypatch, tmp_path):  # defect 7: public pickling, no __reduce__
+    monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    table = compiler.token_table(tiny_tokenizer())
+    spec = ConstraintSpec("regex", "y[a-c]{2}", "regex")
+    built = compiler._index("y[a-c]{2}", table, spec)
+    stored = pickle.loads(compiler.index_path("y[a-c]{2}", table).read_bytes())
+    assert stored.get_final_states() == built.get_final_states()
+    assert compiler._index("y[a-c]{2}", table, spec).get_initial_state() == built.get_initial_state()
