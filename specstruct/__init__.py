@@ -10,15 +10,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "SpecStruct": "api", "SpecConfig": "config", "Result": "results", "Stats": "results",
+    "SpecStruct": "api", "SpecConfig": "config", "BatchConfig": "config", "Result": "results", "Stats": "results",
     "DrafterStats": "results", "Chunk": "results", "Regex": "output_types", "Choice": "output_types",
     "Grammar": "output_types", "Code": "output_types", "pull": "models",
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
-        "MissingExtraError")},
+        "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError")},
 }
 _SUBMODULES = {"api", "config", "errors", "results", "output_types", "streaming", "inputs", "extras", "testing",
+               "aio", "chunks", "many",
                "constraints", "decoding", "models", "bench", "cli", "serving"}
 __all__ = list(_WHERE)
 __version__ = "0.1.0"
@@ -41,10 +42,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from .api import SpecStruct
-    from .config import SpecConfig
-    from .errors import (ConstraintError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError,
+    from .config import BatchConfig, SpecConfig
+    from .errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError,
                          InvalidPromptError, MissingExtraError, ModelNotFoundError, PromptTooLongError,
-                         SpecStructError, ValidationRetryError)
+                         OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError)
     from .models import pull
     from .output_types import Choice, Code, Grammar, Regex
     from .results import Chunk, DrafterStats, Result, Stats

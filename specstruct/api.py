@@ -6,25 +6,26 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Iterator, Sequence, TypeVar, overload
+import weakref
+from typing import Any, Generator, Iterator, Sequence, TypeVar, overload
 
 import torch
 
-from .config import SpecConfig
+from .config import BatchConfig, SpecConfig
 from .constraints import Constraint, compile_constraint
 from .decoding.engine import Engine
+from .decoding.scheduler import DecoderFactory, Scheduler
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
 from .decoding.runtime import ModelRuntime, quantize_draft
+from .aio import AsyncCalls
+from .chunks import RETRYABLE, StreamChunks, deadline
 from .inputs import check_prompt
-from .streaming import IncrementalDetokenizer, partial_json
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
-RETRYABLE = (ValueError, SyntaxError, TypeError)  # pydantic.ValidationError is a ValueError
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
 
@@ -39,11 +40,12 @@ def eos_token_ids(tokenizer, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-class SpecStruct:
+class SpecStruct(AsyncCalls):
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""
 
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
-                 draft_tokenizer=None, model_name: str | None = None):
+                 draft_tokenizer=None, model_name: str | None = None,
+                 batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None):
         self.config = config or SpecConfig()
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -61,13 +63,18 @@ class SpecStruct:
         self.draft_model = draft_model
         self.engine = Engine(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
         self.numerics = self.engine.numerics
-        self._lock = threading.Lock()  # one sequence at a time: the KV caches are per engine
+        self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
+        # One thread owns the models; every call is a request to it (`decoder` swaps the row decoder: tests).
+        self.scheduler = Scheduler(self.engine, self.batch_config, decoder)
+        self._finalizer = weakref.finalize(self, self.scheduler.close)
 
     @classmethod
     def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,
-                        decoding_params: dict[str, Any] | None = None) -> "SpecStruct":
+                        decoding_params: dict[str, Any] | None = None,
+                        batch_config: BatchConfig | dict[str, Any] | None = None) -> "SpecStruct":
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
-        model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig."""
+        model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig, `batch_config` the
+        keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue)."""
         from .models.loading import load
 
         config = config or SpecConfig(**(decoding_params or {}))
@@ -78,7 +85,8 @@ class SpecStruct:
         draft_model = draft_tok = None
         if draft:
             draft_model, draft_tok = load(draft, device=device, dtype=dtype)
-        return cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model))
+        return cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
+                   batch_config=batch_config)
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def constraint(self, output_type: Any = None) -> Constraint:
@@ -128,20 +136,43 @@ class SpecStruct:
         base = self.config if config is None else config
         return base.merged(**overrides)
 
-    # -- public calls -------------------------------------------------------------------------------------------
+    # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
     def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
             tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
-            config: SpecConfig | None = None) -> Result:
-        """Generate once (plus validation retries) and return the value with its text, tokens and stats."""
+            config: SpecConfig | None = None, timeout: float | None = None) -> Result:
+        """Generate once (plus validation retries) and return the value with its text, tokens and stats.
+        Safe from any number of threads: concurrent calls share the engine's batches. `timeout` (seconds, queue
+        and decoding and retries together) cancels the request and raises RequestTimeoutError."""
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                            seed=seed, stop=stop)
+        plan, until = self._attempts(prompt, output_type, system, tools, cfg), deadline(timeout)
+        job = next(plan)
+        while True:
+            req = self.scheduler.submit(*job)
+            try:
+                row = req.result(until)
+            finally:
+                req.cancel()  # a no-op once finished; frees the slot if this thread was interrupted
+            try:
+                job = plan.send(row)
+            except StopIteration as done:
+                return done.value
+
+    def _attempts(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
+                  cfg: SpecConfig) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
+        """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
+        finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
         spec = resolve(output_type)
         constraint = self._compile(spec)
         messages = self._messages(prompt, spec, system)
         attempts: list[dict[str, Any]] = []
-        for attempt in range(cfg.max_retries + 1):
-            result = self._run_once(messages, tools, spec, constraint.fork(), cfg)
+        for _ in range(cfg.max_retries + 1):
+            fork = constraint.fork()
+            row = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
+            text = self._finish(row, spec, fork, cfg)
+            result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
+                            finish_reason=row.finish_reason)
             try:
                 result.value = spec.parse(result.text)
             except RETRYABLE as err:
@@ -150,7 +181,7 @@ class SpecStruct:
                         f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
                         "raise max_new_tokens", result.text, result.token_ids, result.stats) from err
                 attempts.append({"text": result.text, "error": str(err), "stats": result.stats})
-                messages = messages + [
+                messages = messages + [  # a retry is a new request, queued like any other
                     {"role": "assistant", "content": result.text},
                     {"role": "user", "content": f"That answer failed validation:\n{err}\nAnswer again, fixing it."},
                 ]
@@ -160,18 +191,6 @@ class SpecStruct:
         raise ValidationRetryError(
             f"the output failed validation {len(attempts)} times (max_retries={cfg.max_retries}); "
             f"last error: {attempts[-1]['error']}", attempts)
-
-    def _run_once(self, messages, tools, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig,
-                  on_tokens=None) -> Result:
-        ids = self._encode(messages, tools, cfg.max_new_tokens)
-        with self._lock:
-            decode = self.engine.decode(ids, constraint, cfg)
-            for new in decode:
-                if on_tokens is not None:
-                    on_tokens(new)
-        text = self._finish(decode, spec, constraint, cfg)
-        return Result(value=text, text=text, token_ids=decode.token_ids, stats=decode.stats,
-                      finish_reason=decode.finish_reason)
 
     def _finish(self, decode, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig) -> str:
         """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
@@ -199,29 +218,47 @@ class SpecStruct:
         """The validated value: an instance of a Pydantic model, a dict for a JSON schema, a str for free text."""
         return self.run(prompt, output_type, **kwargs).value
 
+    def generate_many(self, prompts: Sequence[Prompt], output_type: Any = None, *, progress: bool = True,
+                      return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """`generate` over many prompts at once (batched), in input order, with a progress bar for long lists.
+        return_exceptions=True puts each failure in its place instead of raising the first one."""
+        from .many import generate_many
+
+        return generate_many(self, prompts, output_type, progress=progress, return_exceptions=return_exceptions,
+                             **kwargs)
+
     def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-               tools: list[dict] | None = None, config: SpecConfig | None = None, **overrides: Any) -> Iterator[Chunk]:
+               tools: list[dict] | None = None, config: SpecConfig | None = None, timeout: float | None = None,
+               **overrides: Any) -> Iterator[Chunk]:
         """Yield text as it is accepted (several tokens at once when drafts are accepted). JSON modes also carry the
-        partial object. The last chunk carries the validated Result; a stream is validated once, without retries."""
-        cfg = self._config(config, **overrides)
+        partial object. The last chunk carries the validated Result; a stream is validated once, without retries.
+        A stream is a request like any other: reading it slowly never blocks other calls, and closing (or
+        dropping) it cancels the request."""
+        chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides))
+        req = self.scheduler.submit(*job)
+        try:
+            for new in req.tokens(deadline(timeout)):
+                if (chunk := chunks.push(new)) is not None:
+                    yield chunk
+        finally:
+            req.cancel()
+        yield chunks.final(req.row)
+
+    def _stream_job(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
+                    cfg: SpecConfig) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
         spec = resolve(output_type)
         constraint = self._compile(spec).fork()
         ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
-        detok = IncrementalDetokenizer(self.tokenizer, cfg.stop, code_fence=spec.spec.mode == "code")
-        json_mode = spec.spec.mode == "json"
-        with self._lock:
-            decode = self.engine.decode(ids, constraint, cfg)
-            for new in decode:
-                delta = detok.push(new)
-                if delta:
-                    yield Chunk(text=delta, partial=partial_json(detok.safe_text) if json_mode else None)
-        text = self._finish(decode, spec, constraint, cfg)
-        try:
-            value = spec.parse(text)
-        except RETRYABLE as err:
-            raise ValidationRetryError(f"the streamed output failed validation: {err}",
-                                       [{"text": text, "error": str(err), "stats": decode.stats}]) from err
-        tail = text[detok.emitted:]
-        result = Result(value=value, text=text, token_ids=decode.token_ids, stats=decode.stats,
-                        finish_reason=decode.finish_reason)
-        yield Chunk(text=tail, partial=value if json_mode else None, result=result)
+        return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)
+
+    # -- lifetime ---------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the scheduler thread (also at the end of a `with` block, when the engine is garbage-collected,
+        and at interpreter exit). Waiting and running requests fail with EngineClosedError."""
+        self._finalizer()
+
+    def __enter__(self) -> "SpecStruct":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

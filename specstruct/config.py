@@ -60,3 +60,22 @@ class SpecConfig(BaseModel):
     def cap(self, mode: str) -> int:
         """Largest number of draft candidates per step for an output mode."""
         return self.max_candidates.get(mode, self.max_candidates.get("json", 8))
+
+
+class BatchConfig(BaseModel):
+    """How an engine batches concurrent requests (the key names serving deployments use).
+
+    >>> BatchConfig(max_batch_size=8, timeout_ms=50, fill_strategy="sequential", max_queue=256)
+
+    - max_batch_size: most rows decoded together in one target pass;
+    - timeout_ms: how long an idle engine collects arrivals before its first pass (0: start at once);
+    - fill_strategy: "sequential" refills free slots in arrival order, at the next step (continuous batching);
+    - max_queue: most requests waiting for a slot; past it a new request gets `OverloadedError` at once.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_batch_size: int = Field(8, ge=1, le=256)
+    timeout_ms: float = Field(50.0, ge=0.0, le=60_000.0)
+    fill_strategy: Literal["sequential"] = "sequential"
+    max_queue: int = Field(256, ge=0)

@@ -55,3 +55,16 @@ class ValidationRetryError(SpecStructError):
     def __init__(self, message: str, attempts: list[dict[str, Any]]):
         super().__init__(message)
         self.attempts = attempts
+
+
+class OverloadedError(SpecStructError, RuntimeError):
+    """More requests are waiting than `BatchConfig.max_queue` allows: retry later (a server answers 429/503),
+    raise max_queue, or send fewer requests at once."""
+
+
+class RequestTimeoutError(SpecStructError, TimeoutError):
+    """A request's `timeout=` ran out (waiting for a slot plus decoding); it was cancelled and its slot freed."""
+
+
+class EngineClosedError(SpecStructError, RuntimeError):
+    """The engine was closed (`engine.close()`, the end of a `with` block, or interpreter exit)."""

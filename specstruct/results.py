@@ -39,6 +39,8 @@ class Stats:
     verify_time_s: float = 0.0  # target passes after prefill
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
     k_histogram: dict[int, int] = field(default_factory=dict)  # candidates per step -> steps
+    queue_s: float = 0.0  # from submission to the request's first pass (waiting for a slot)
+    batch_rows: float = 0.0  # mean rows per pass among the passes this request shared (1.0 = decoded alone)
     numerics: str = ""
 
     @property

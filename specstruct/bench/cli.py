@@ -2,6 +2,7 @@
 
     specstruct bench --quick                       # issue 3's quick script: spec vs target-only, 3 prompts each
     specstruct bench --scenario json --limit 10 --out results.json --plot bench.png
+    specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png   # concurrent requests (batch_scenario.py)
 """
 
 from __future__ import annotations
@@ -20,20 +21,20 @@ app = typer.Typer(add_completion=False, help="Benchmark specstruct against targe
 DEFAULT_MODEL, DEFAULT_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 
-def tiny_engine() -> Any:
+def tiny_engine(**kwargs: Any) -> Any:
     """A random-weight tiny target + perturbed draft (seconds to build; for trying the pipeline, not speed)."""
     import specstruct as ss
     from specstruct.testing import perturbed, tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     target = tiny_model(tok, seed=0)
-    return ss.SpecStruct(target, tok, draft_model=perturbed(target), model_name="tiny-random-qwen2")
+    return ss.SpecStruct(target, tok, draft_model=perturbed(target), model_name="tiny-random-qwen2", **kwargs)
 
 
-def load_engine(model: str, draft: str | None) -> Any:
+def load_engine(model: str, draft: str | None, **kwargs: Any) -> Any:
     import specstruct as ss
 
-    return ss.SpecStruct.from_pretrained(model, draft=draft)
+    return ss.SpecStruct.from_pretrained(model, draft=draft, **kwargs)
 
 
 def _progress_display() -> tuple[Any, Any]:
@@ -50,7 +51,10 @@ def _progress_display() -> tuple[Any, Any]:
 
 @app.callback(invoke_without_command=True)
 def main(
-    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all"),
+    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | batch (concurrent "
+                                 "extraction requests through the scheduler; not part of all)"),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="--scenario batch: requests arriving at once, "
+                                    "comma-separated levels"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="prompts per scenario (default 5; 3 with --quick)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
@@ -89,6 +93,20 @@ def main(
         from .runner import resummarize
 
         _publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
+        return
+    if scenario == "batch":
+        from .batch_scenario import parse_concurrency, run_batch_cli
+
+        try:
+            size = {"batch_config": {"max_batch_size": max(parse_concurrency(concurrency))}}
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--concurrency") from None
+        with console.status("loading models"):
+            engine = tiny_engine(**size) if tiny else load_engine(model, None if draft.lower() == "none" else draft,
+                                                                  **size)
+        settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        run_batch_cli(engine, concurrency, settings, console, quiet=quiet, out=out, plot_path=plot_path,
+                      markdown_out=markdown_out)
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):

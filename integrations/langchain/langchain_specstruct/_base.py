@@ -97,11 +97,14 @@ class SpecStructParams(BaseModel):
 
     @contextmanager
     def _locked(self, engine: Any) -> Iterator[None]:
+        if getattr(engine, "scheduler", None) is not None:  # a specstruct engine queues and batches calls itself
+            yield
+            return
         with engine_lock(engine):
             yield
 
     def _iter_stream(self, engine: Any, prompt: Any, output_type: Any, **run_kwargs: Any) -> Iterator[Any]:
-        """`engine.stream(...)` chunks, holding the engine's lock for the whole generation."""
+        """`engine.stream(...)` chunks (a stream is a request like any other: no lock held between chunks)."""
         with self._locked(engine):
             yield from engine.stream(prompt, output_type, **run_kwargs)
 
@@ -118,7 +121,8 @@ def usage_metadata(stats: Any) -> UsageMetadata:
 def speculative_metadata(stats: Any) -> dict[str, Any]:
     """The decoding statistics worth showing next to a response (all plain numbers, JSON-serialisable)."""
     keys = ("mode", "target_forwards", "drafted", "accepted", "acceptance_rate", "tokens_per_forward",
-            "tokens_per_s", "elapsed_s", "prefill_s", "mask_time_s", "draft_time_s", "verify_time_s")
+            "tokens_per_s", "elapsed_s", "prefill_s", "mask_time_s", "draft_time_s", "verify_time_s", "queue_s",
+            "batch_rows")
     out = {k: getattr(stats, k) for k in keys if hasattr(stats, k)}
     per = getattr(stats, "per_drafter", None) or {}
     out["per_drafter"] = {

@@ -168,9 +168,14 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         try:
             with self._locked(req.engine):
                 result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
-        except IncompleteOutputError as err:
+        except (IncompleteOutputError, ValidationRetryError) as err:
+            return self._chat_result(req, None, err)
+        return self._chat_result(req, result)
+
+    def _chat_result(self, req: _Request, result: Any, err: Exception | None = None) -> ChatResult:
+        if isinstance(err, IncompleteOutputError):
             return ChatResult(generations=[ChatGeneration(message=self._truncated_text(req, err))])
-        except ValidationRetryError as err:
+        if isinstance(err, ValidationRetryError):
             return ChatResult(generations=[ChatGeneration(message=self._failed_validation(req, err))])
         text = self._reply_text(req, result)
         content, calls = parse_tool_calls(text) if req.tools else (text, [])
@@ -255,8 +260,16 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if self.streaming or kwargs.get("stream"):
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
             return generate_from_stream(iter(chunks))
-        sync_manager = run_manager.get_sync() if run_manager else None
-        return await run_in_executor(None, self._generate, messages, stop, sync_manager, **kwargs)
+        req = self._request(messages, stop, kwargs)
+        arun = getattr(req.engine, "arun", None)
+        if arun is None:  # an engine without asyncio calls: run it in a worker thread
+            sync_manager = run_manager.get_sync() if run_manager else None
+            return await run_in_executor(None, self._generate, messages, stop, sync_manager, **kwargs)
+        try:  # awaits the engine's scheduler directly: concurrent calls share its batches
+            result = await arun(req.prompt, req.output_type, **req.run_kwargs)
+        except (IncompleteOutputError, ValidationRetryError) as err:
+            return self._chat_result(req, None, err)
+        return self._chat_result(req, result)
 
     async def _astream(
         self,

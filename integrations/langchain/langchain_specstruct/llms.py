@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterator
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -52,18 +54,26 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         generations: list[list[Generation]] = []
-        for prompt in prompts:
-            if self.streaming:
+        if self.streaming:
+            for prompt in prompts:
                 text, info = "", {}
                 for chunk in self._stream(prompt, stop, run_manager, **kwargs):
                     text += chunk.text
                     info = chunk.generation_info or info
                 generations.append([Generation(text=text, generation_info=info)])
-                continue
+        else:
             engine, output_type, run_kwargs = self._call_args(stop, kwargs)
-            with self._locked(engine):
-                result = engine.run(prompt, output_type, **run_kwargs)
-            generations.append([Generation(text=result.text, generation_info=self._info(result))])
+
+            def one(prompt: str) -> Generation:
+                with self._locked(engine):
+                    result = engine.run(prompt, output_type, **run_kwargs)
+                return Generation(text=result.text, generation_info=self._info(result))
+
+            if len(prompts) > 1 and getattr(engine, "scheduler", None) is not None:  # `batch`: batched together
+                with ThreadPoolExecutor(min(len(prompts), 64), thread_name_prefix="specstruct-llm") as pool:
+                    generations = [[g] for g in pool.map(one, prompts)]
+            else:
+                generations = [[one(p)] for p in prompts]
         model_name = self._model_name(self._engine())
         return LLMResult(generations=generations, llm_output={"model_name": model_name})
 
@@ -91,8 +101,13 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        sync_manager = run_manager.get_sync() if run_manager else None
-        return await run_in_executor(None, self._generate, prompts, stop, sync_manager, **kwargs)
+        engine, output_type, run_kwargs = self._call_args(stop, kwargs)
+        if self.streaming or getattr(engine, "arun", None) is None:
+            sync_manager = run_manager.get_sync() if run_manager else None
+            return await run_in_executor(None, self._generate, prompts, stop, sync_manager, **kwargs)
+        results = await asyncio.gather(*(engine.arun(p, output_type, **run_kwargs) for p in prompts))
+        generations = [[Generation(text=r.text, generation_info=self._info(r))] for r in results]
+        return LLMResult(generations=generations, llm_output={"model_name": self._model_name(engine)})
 
     async def _astream(
         self,

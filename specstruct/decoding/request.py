@@ -1,0 +1,119 @@
+"""One queued request as its caller sees it: the committed tokens as they come, then the finished row.
+
+The scheduler thread calls `emit` / `end`; the caller reads with `tokens()` (any thread, with a deadline) or
+`atokens()` (an asyncio task). Going away is `cancel()`: the scheduler drops the row before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from specstruct.errors import RequestTimeoutError
+
+_END = object()
+
+
+class Request:
+    def __init__(self, prompt: list[int], constraint: Any, config: Any, *, wake: Callable[[], None],
+                 loop: asyncio.AbstractEventLoop | None = None):
+        self.prompt, self.constraint, self.config = prompt, constraint, config
+        self.row: Any = None  # the engine's Decode once the request has finished
+        self.error: BaseException | None = None
+        self.cancelled = self.done = False
+        self.submitted = time.perf_counter()
+        self.queue_s: float | None = None
+        self._rows = self._passes = 0
+        self._wake, self._loop = wake, loop
+        self._items: Any = asyncio.Queue() if loop is not None else queue.SimpleQueue()
+
+    # -- scheduler side ---------------------------------------------------------------------------------------
+    def observe_pass(self, rows: int, now: float) -> None:
+        if self.queue_s is None:
+            self.queue_s = now - self.submitted
+        self._rows += rows
+        self._passes += 1
+
+    def emit(self, tokens: list[int]) -> None:
+        self._put(tokens)
+
+    def end(self, error: BaseException | None, row: Any = None) -> None:
+        """Finished (error None), failed, or dropped after a cancel. Sets the row's queue and batch stats."""
+        if self.done:
+            return
+        self.row, self.error, self.done = row, error, True
+        stats = getattr(row, "stats", None)
+        if stats is not None:
+            stats.queue_s = self.queue_s or 0.0
+            stats.batch_rows = self._rows / self._passes if self._passes else 0.0
+        self._put(_END)
+
+    def _put(self, item: Any) -> None:
+        if self._loop is None:
+            self._items.put(item)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            self.cancelled = True
+
+    # -- caller side ------------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """The caller went away: the row leaves at the next step (a no-op once finished)."""
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self._wake()
+
+    def tokens(self, deadline: float | None = None) -> Iterator[list[int]]:
+        """Committed tokens as they come (blocking); raises the row's error, or RequestTimeoutError at
+        `deadline` (time.monotonic()), cancelling the request."""
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            try:
+                if timeout is not None and timeout <= 0:
+                    raise queue.Empty
+                item = self._items.get(timeout=timeout)
+            except queue.Empty:
+                self.cancel()
+                raise self._timeout() from None
+            if item is _END:
+                break
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    async def atokens(self, deadline: float | None = None) -> AsyncIterator[list[int]]:
+        """`tokens()` for an asyncio task (the request must have been submitted with this loop)."""
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            try:
+                if timeout is not None and timeout <= 0:
+                    raise asyncio.TimeoutError
+                item = await asyncio.wait_for(self._items.get(), timeout)
+            except asyncio.TimeoutError:
+                self.cancel()
+                raise self._timeout() from None
+            if item is _END:
+                break
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    def result(self, deadline: float | None = None) -> Any:
+        """Block until finished; returns the row (the engine's Decode)."""
+        for _ in self.tokens(deadline):
+            pass
+        return self.row
+
+    async def aresult(self, deadline: float | None = None) -> Any:
+        async for _ in self.atokens(deadline):
+            pass
+        return self.row
+
+    def _timeout(self) -> RequestTimeoutError:
+        where = "waiting for a slot" if self.queue_s is None else "while decoding"
+        return RequestTimeoutError(f"the request's timeout ran out {where} "
+                                   f"({time.perf_counter() - self.submitted:.2f} s after submission); it was "
+                                   "cancelled: raise timeout=, or lower max_new_tokens")

@@ -1,0 +1,170 @@
+"""The scheduler: one background thread owns the models; requests from any thread or asyncio task queue up.
+
+    submit() ──> waiting (FIFO, at most max_queue) ──admit──> decoder rows (at most max_batch_size) ──step()──>
+                                                              tokens to each request's consumer
+
+- An idle engine collects arrivals for up to `timeout_ms` before its first pass, then admits in arrival order
+  ("sequential"); a finished row's slot is refilled before the next step (continuous batching).
+- Past `max_queue` waiting requests, `submit` raises OverloadedError at once.
+- A consumer that goes away calls `Request.cancel()`; the row leaves before the next step and frees its slot.
+- Tokens go to consumers through unbounded per-request queues, so a slow reader never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+from specstruct.config import BatchConfig
+from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
+from .engine import Decode, Engine
+from .request import Request
+from .serial import SerialBatchDecoder
+
+
+class RowDecoder(Protocol):
+    """What the scheduler drives: `decoding.batch.BatchDecoder` (batched) or `SerialBatchDecoder`."""
+
+    def add(self, row: Decode) -> None: ...
+    def remove(self, row: Decode) -> None: ...
+    def step(self) -> list[tuple[Decode, list[int], bool]]: ...
+    def __len__(self) -> int: ...
+
+
+DecoderFactory = Callable[[Engine], RowDecoder]
+# The one line to change when the batched core lands: `from .batch import BatchDecoder as DEFAULT_DECODER`.
+DEFAULT_DECODER: DecoderFactory = SerialBatchDecoder
+
+
+class Scheduler:
+    """Queue, admission, cancellation and the decode loop for one engine."""
+
+    def __init__(self, engine: Engine, config: BatchConfig | None = None, decoder: DecoderFactory | None = None):
+        self.engine, self.config = engine, config or BatchConfig()
+        self._factory = decoder or DEFAULT_DECODER
+        self.decoder: RowDecoder | None = None
+        self._cv = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._active: dict[int, tuple[Decode, Request]] = {}  # id(row) -> (row, request); loop thread only
+        self._thread: threading.Thread | None = None
+        self._closed: BaseException | None = None
+        self.passes = 0  # decoder steps run (one target pass each with the batched decoder)
+
+    # -- callers' side (any thread) ---------------------------------------------------------------------------
+    def submit(self, prompt: list[int], constraint: Any, config: Any, *, loop: Any = None) -> Request:
+        """Queue a request; raises OverloadedError when max_queue requests are already waiting."""
+        with self._cv:
+            if self._closed is not None:
+                raise EngineClosedError(f"the engine is closed ({self._closed}); build a new SpecStruct")
+            if len(self._waiting) >= self.config.max_queue:
+                raise OverloadedError(
+                    f"{len(self._waiting)} requests are already waiting (BatchConfig.max_queue="
+                    f"{self.config.max_queue}): retry later, raise max_queue, or send fewer requests at once")
+            req = Request(prompt, constraint, config, wake=self._wake, loop=loop)
+            self._waiting.append(req)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="specstruct-scheduler", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return req
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the loop: waiting requests fail with EngineClosedError, the running ones at the next step."""
+        with self._cv:
+            if self._closed is None:
+                self._closed = EngineClosedError("closed")
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)  # bounded: the thread is a daemon, interpreter exit never waits on it
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # -- the loop (its own thread) -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.decoder = self._factory(self.engine)
+            while self._admit():
+                if len(self.decoder):
+                    self._step()
+            reason: BaseException = EngineClosedError("the engine was closed while this request ran")
+        except BaseException as err:  # noqa: BLE001 - a bug in a step must fail the requests, never hang them
+            reason = err if isinstance(err, SpecStructError) else SpecStructError(
+                f"internal error in the decode loop: {err!r}; this is a bug in specstruct")
+            reason.__cause__ = err
+            with self._cv:
+                self._closed = reason
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+        for row, req in list(self._active.values()):
+            self._drop(row, req, reason)
+        for req in waiting:
+            req.end(reason)
+
+    def _admit(self) -> bool:
+        """Wait for work, then admit waiting requests into free slots (arrival order). False once closed."""
+        size = self.config.max_batch_size
+        with self._cv:
+            while self._closed is None and not self._waiting and not self._active:
+                self._cv.wait()
+            if self._closed is None and not self._active and self.config.timeout_ms > 0:
+                deadline = time.monotonic() + self.config.timeout_ms / 1000
+                while self._closed is None and len(self._waiting) < size and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(left)  # an idle engine gathers a batch before its first pass
+            if self._closed is not None:
+                return False
+            new = []
+            while self._waiting and len(self._active) + len(new) < size:
+                req = self._waiting.popleft()
+                if req.cancelled:
+                    req.end(None)
+                else:
+                    new.append(req)
+        for row, req in list(self._active.values()):
+            if req.cancelled:
+                self._drop(row, req, None)
+        for req in new:
+            self._start(req)
+        return True
+
+    def _start(self, req: Request) -> None:
+        try:
+            row = self.engine.decode(req.prompt, req.constraint, req.config)
+            self.decoder.add(row)
+        except Exception as err:  # noqa: BLE001 - this request fails alone, before it takes a slot
+            req.end(err)
+            return
+        self._active[id(row)] = (row, req)
+
+    def _drop(self, row: Decode, req: Request, error: BaseException | None) -> None:
+        self._active.pop(id(row), None)
+        try:
+            self.decoder.remove(row)
+        finally:
+            req.end(error, row)
+
+    def _step(self) -> None:
+        results = self.decoder.step()
+        self.passes += 1
+        now = time.perf_counter()
+        for row, tokens, finished in results:
+            _, req = self._active.get(id(row), (None, None))
+            if req is None:
+                continue
+            req.observe_pass(len(results), now)
+            if tokens:
+                req.emit(tokens)
+            if finished:
+                self._drop(row, req, getattr(row, "error", None))
