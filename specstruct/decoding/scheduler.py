@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 from specstruct.config import BatchConfig
 from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
+from .batch import BatchDecoder
 from .engine import Decode, Engine
 from .request import Request
 from .serial import SerialBatchDecoder
@@ -34,8 +35,8 @@ class RowDecoder(Protocol):
 
 
 DecoderFactory = Callable[[Engine], RowDecoder]
-# The one line to change when the batched core lands: `from .batch import BatchDecoder as DEFAULT_DECODER`.
-DEFAULT_DECODER: DecoderFactory = SerialBatchDecoder
+# Batched by default; SerialBatchDecoder (one row at a time) stays for comparison and debugging.
+DEFAULT_DECODER: DecoderFactory = BatchDecoder
 
 
 class Scheduler:
