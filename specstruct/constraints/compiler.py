@@ -1,13 +1,17 @@
 """ConstraintSpec + tokenizer -> Constraint: a token automaton with an explicit, rollback-able state.
 
-    json  --prepare_schema--> schema --outlines_core--> regex --+
+    json  --llguidance JSON compiler (default)---------------------> GrammarConstraint
+    json  --prepare_schema--> schema --outlines_core--> regex --+   (json_backend="outlines")
     regex ------------------------------------------------------+--> outlines_core Index --> AutomatonConstraint
     choice --escape + join---------------------------------------+
     grammar --llguidance (Lark)--> LLMatcher ----------------------> GrammarConstraint
     text / code ----------------------------------------------------> FreeTextConstraint
 
-Compiling an Index is the slow part (0.3-2 s on a 150k vocabulary), so compiled programs are cached in
-memory per (tokenizer, spec) and on disk under ~/.cache/specstruct/constraints (env SPECSTRUCT_CACHE).
+JSON goes through llguidance by default (json_llguidance.py; `json_backend="outlines"` or env
+SPECSTRUCT_JSON_BACKEND=outlines selects the regex path). Compiling an outlines_core Index is the slow part
+(0.3-2 s on a 150k vocabulary, minutes or tens of GB for hostile regexes), so it runs in a bounded worker
+process (isolate.py, limits.py) and compiled programs are cached in a byte-bounded LRU per (tokenizer, spec)
+and on disk under ~/.cache/specstruct/constraints (env SPECSTRUCT_CACHE; pruned to `disk_cache_mb`).
 Every regex is compiled as `(?:R)\x00` to work around an outlines_core bug (see automaton.py); JSON is
 written in `json.dumps` form (see regexes.py).
 """
@@ -17,11 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from pathlib import Path
 from typing import Sequence
 
-from specstruct.constraints.cache import cache_dir, write_atomic
+from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, write_atomic
+from specstruct.constraints.isolate import build_index_bytes
+from specstruct.constraints.json_llguidance import compile_json, parse_schema
+from specstruct.constraints.limits import check_regex, limits, too_complex
 from specstruct.constraints.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
 from specstruct.constraints.grammar import GrammarConstraint
@@ -33,14 +38,24 @@ __all__ = ["compile_constraint", "AutomatonConstraint", "GrammarConstraint", "Fr
            "json_regex", "choice_regex", "cache_dir"]
 
 _FORMAT_VERSION = "2"
+JSON_BACKENDS = ("llguidance", "outlines")
 
 
-_PROGRAMS: dict[tuple, _Program] = {}
-_PROGRAMS_LOCK = threading.Lock()
+_PROGRAMS = ByteLRU(lambda: limits().cache_mb << 20)  # outlines_core programs, charged index + mask cache
 
 
-def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_token_ids: Sequence[int]):
-    """Compile `spec` for `tokenizer` into a fresh Constraint at its initial state (cached compilation)."""
+def default_json_backend() -> str:
+    """env SPECSTRUCT_JSON_BACKEND (llguidance or outlines), default llguidance (see docs/conformance.md)."""
+    backend = os.environ.get("SPECSTRUCT_JSON_BACKEND", "llguidance")
+    if backend not in JSON_BACKENDS:
+        raise ConstraintError(f"SPECSTRUCT_JSON_BACKEND={backend!r} is not a JSON backend; use one of {JSON_BACKENDS}.")
+    return backend
+
+
+def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_token_ids: Sequence[int],
+                       json_backend: str | None = None):
+    """Compile `spec` for `tokenizer` into a fresh Constraint at its initial state (cached compilation).
+    Every compile is bounded by limits.limits(): past them it raises ConstraintError naming the limit."""
     table = token_table(tokenizer)
     eos = [int(e) for e in eos_token_ids] or [table.eos_id]
     if spec.kind in ("text", "code"):
@@ -48,7 +63,10 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     if spec.kind == "grammar":
         return GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
     if spec.kind == "json":
-        regex = json_regex(spec.source or "{}")
+        backend = json_backend or default_json_backend()
+        if backend == "llguidance":
+            return compile_json(spec.source or "{}", tokenizer, table, vocab_size, eos, spec.mode)
+        regex = _outlines_json_regex(spec.source or "{}")
     elif spec.kind == "choice":
         regex = choice_regex(json.loads(spec.source or "[]"))
     elif spec.kind == "regex":
@@ -56,36 +74,51 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
         _check_regex_syntax(regex, spec)
     else:
         raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+    check_regex(regex, "the JSON schema" if spec.kind == "json" else f"the {spec.kind} constraint")
     key = (table.key, regex, vocab_size, tuple(sorted(eos)))
-    with _PROGRAMS_LOCK:
-        program = _PROGRAMS.get(key)
+    program = _PROGRAMS.get(key)
     if program is None:
-        program = _Program(_index(regex, table, spec), table, vocab_size, eos)
+        index, size = _index(regex, table, spec)
+        program = _Program(index, table, vocab_size, eos)
         if spec.kind == "json" and program.is_final(program.initial):
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "
                                   "lists and min/max bounds.")
-        with _PROGRAMS_LOCK:
-            _PROGRAMS[key] = program
+        _PROGRAMS.put(key, program, size + program.max_masks * vocab_size)
     return AutomatonConstraint(program, spec.mode, tokenizer)
 
 
+def _outlines_json_regex(source: str) -> str:
+    schema = parse_schema(source)  # size and depth limits first: no RecursionError further on
+    try:
+        return json_regex(schema)
+    except RecursionError as e:
+        raise too_complex("the JSON schema", "max_schema_depth", "its $refs nest too deeply") from e
+
+
 def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
-    """The outlines_core Index of `regex`, from the disk cache when possible."""
+    """The outlines_core Index of `regex` and its size in bytes, from the disk cache when possible, else
+    built in the bounded compile worker (isolate.py)."""
     from outlines_core import Index
 
     digest = hashlib.sha256(f"{_FORMAT_VERSION}\0{regex}".encode()).hexdigest()[:32]
     path = cache_dir() / table.key / f"{digest}.index"
     if path.exists():
         try:
-            return Index.from_binary(path.read_bytes())
+            data = path.read_bytes()
+            os.utime(path)  # recently used: pruned last
+            return Index.from_binary(data), len(data)
         except Exception:  # a corrupt or stale entry: rebuild it
             path.unlink(missing_ok=True)
+    what = "the JSON schema" if spec.kind == "json" else f"the {spec.kind} constraint"
     try:
-        index = Index(f"(?:{regex})\\x00", table.vocabulary())
-    except (ValueError, RuntimeError) as e:
+        data = build_index_bytes(f"(?:{regex})\\x00", table, what)
+    except ConstraintError:
+        raise
+    except ValueError as e:
         raise _regex_error(regex, spec, str(e)) from e
-    write_atomic(path, index.__reduce__()[1][0])
-    return index
+    write_atomic(path, data)
+    prune_disk(cache_dir(), limits().disk_cache_mb << 20)
+    return Index.from_binary(data), len(data)
 
 
 def _check_regex_syntax(regex: str, spec: ConstraintSpec) -> None:
