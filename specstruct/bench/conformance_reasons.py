@@ -15,6 +15,9 @@ def reason(value: Any, schema: Any, text: str) -> str:
         if isinstance(node.get("properties"), dict):
             declared |= set(node["properties"])
     keys = set(_keys(value))
+    if re.search(r"\d[eE][+-]?\d", text) and any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+                                                   & set(node) for node in _walk_schema(schema)):
+        return "exponent in a bounded number (llguidance writes bounded numbers in plain decimal form)"
     if re.search(r"\\u[0-9a-fA-F]{4}", text):
         return "control character (needs a \\u escape outlines_core's string regex lacks)"
     if "\\" in text and any({"minLength", "maxLength"} & set(node) for node in _walk_schema(schema)):

@@ -5,7 +5,8 @@ milliseconds whatever the bounds (`maxItems: 1e9`, `minLength: 100000`, recursiv
 rules, not unrolled), and every step is bounded by its fuel limits (limits.llguidance_limits()). It
 enforces numeric bounds, `allOf`, `patternProperties`, `additionalProperties` and formats itself, refuses
 `oneOf` unless its branches are provably disjoint, and errors on any keyword it does not implement: so a
-schema is either guaranteed or refused, never silently widened. JSON is written in `json.dumps` form
+schema is either guaranteed or refused, never silently widened. Only a `format` it does not know is dropped
+(JSON Schema makes an unknown format an annotation, which validators do not check either). JSON is written in `json.dumps` form
 (", " and ": ", no other whitespace), as the engine and its speculative drafter expect.
 
 Compiled matchers are cached per (tokenizer, schema) as templates in the byte-bounded LRU (cache.py);
@@ -57,11 +58,15 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     if template is None:
         schema = discriminated_oneofs(parse_schema(source))
         lltok = _lltokenizer(tokenizer, table, vocab_size)
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
-        except (ValueError, RuntimeError) as e:
-            raise _error(str(e), schema) from e
-        error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
+        for _ in range(32):  # drop the formats llguidance does not know, one per round
+            try:
+                grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
+            except (ValueError, RuntimeError) as e:
+                raise _error(str(e), schema) from e
+            error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
+            unknown = re.search(r"Unknown format: (.*?)(?: at |$)", error.strip()) if error else None
+            if unknown is None or not _drop_format(schema, unknown.group(1).strip()):
+                break
         if error:
             raise _error(error, schema)
         template = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
@@ -102,6 +107,21 @@ def _error(message: str, schema: Any) -> ConstraintError:
     return ConstraintError(f"unsupported JSON-schema keyword {where}: {why}. specstruct never falls back to "
                            "unconstrained output; remove or rewrite it (validate it after generation instead)."
                            if keyword else f"this JSON schema cannot be compiled: {message}")
+
+
+def _drop_format(schema: Any, name: str) -> bool:
+    """Remove `format: name` everywhere (JSON Schema makes an unknown format an annotation); True if any was."""
+    found, todo = False, [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if node.get("format") == name:
+                del node["format"]
+                found = True
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return found
 
 
 def discriminated_oneofs(schema: Any) -> Any:

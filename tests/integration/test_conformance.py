@@ -6,10 +6,10 @@ import pytest
 
 from specstruct.bench import conformance
 
-SAMPLE, SEED = 300, 0
-# llguidance backend (the default), tiny tokenizer: measured 85.7% compiled, 100% valid accepted, 100% invalid
+SAMPLE, SEED = 200, 0
+# llguidance backend (the default), tiny tokenizer: measured 88.5% compiled, 100% valid accepted, 100% invalid
 # rejected on this sample (see docs/conformance.md for the Qwen-tokenizer and full-corpus figures).
-COMPILED_FLOOR = 0.84
+COMPILED_FLOOR = 0.86
 VALID_ACCEPTED_FLOOR = 0.99
 OVER_PERMISSIVE_CEILING = 0.01
 # Valid instances the automaton may reject, each for a documented, sound reason (docs/conformance.md):
@@ -20,6 +20,7 @@ ALLOWED_REASONS = (
     "nesting depth",         # free-form JSON / recursive $ref are unrolled to a fixed depth
     "escape in a length-bounded string",  # bounded strings are generated without escapes
     "format",                # outlines_core's format regexes are narrower than the RFCs
+    "exponent in a bounded number",  # llguidance writes bounded numbers without an exponent
 )
 
 
