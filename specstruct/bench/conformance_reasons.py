@@ -18,6 +18,8 @@ def reason(value: Any, schema: Any, text: str) -> str:
     if re.search(r"\d[eE][+-]?\d", text) and any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
                                                    & set(node) for node in _walk_schema(schema)):
         return "exponent in a bounded number (llguidance writes bounded numbers in plain decimal form)"
+    if "\x7f" in text:
+        return "control character (DEL is written as \\u007f; json.dumps writes it raw)"
     if re.search(r"\\u[0-9a-fA-F]{4}", text):
         return "control character (needs a \\u escape outlines_core's string regex lacks)"
     if "\\" in text and any({"minLength", "maxLength"} & set(node) for node in _walk_schema(schema)):
