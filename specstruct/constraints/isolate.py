@@ -29,7 +29,7 @@ _WORKER = Path(__file__).with_name("_index_worker.py")
 class _Worker:
     def __init__(self, memory_mb: int):
         env = {**os.environ, "MALLOC_ARENA_MAX": "2", "RAYON_NUM_THREADS": "1"}
-        self.memory_mb = memory_mb
+        self.memory_mb, self.owner = memory_mb, os.getpid()
         self.proc = subprocess.Popen([sys.executable, str(_WORKER), str(memory_mb)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env)
         self.vocabs: set[str] = set()
@@ -89,6 +89,8 @@ def build_index_bytes(regex: str, table: TokenTable, what: str) -> bytes:
     lim = limits()
     with _LOCK:
         worker = _STATE.get("w")
+        if worker is not None and worker.owner != os.getpid():
+            worker = None  # inherited through fork(): its pipes belong to the parent, leave it alone
         if worker is None or not worker.alive() or worker.memory_mb != lim.memory_mb:
             if worker is not None:
                 worker.kill()

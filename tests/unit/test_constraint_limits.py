@@ -133,3 +133,21 @@ def test_disk_cache_is_pruned_to_its_budget(tok, tmp_path):
 def test_env_and_set_limits_name_the_knob():
     assert "SPECSTRUCT_COMPILE_TIME_S" in L.limits().describe("time_s")
     assert L.set_limits(time_s=7).time_s == 7
+
+
+def test_a_forked_child_gets_its_own_compile_worker(tok):
+    import os
+
+    from specstruct.constraints import isolate
+
+    make(tok, "regex", "[ab]{2}")
+    parent = isolate._STATE["w"]
+    pid = os.fork()
+    if pid == 0:  # child: compiles through a new worker, never the parent's pipes
+        ok = False
+        try:
+            ok = make(tok, "regex", "[cd]{2}").accepts("cd") and isolate._STATE["w"] is not parent
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert parent.alive() and make(tok, "regex", "[ef]{2}").accepts("ef")
