@@ -1,14 +1,17 @@
 """JSON-schema conformance on JSONSchemaBench: does every schema compile or refuse cleanly, and does the
 automaton accept the valid instances (and reject the invalid ones)?
 
-    python -m specstruct.bench.conformance [--limit N] [--out report.json] [--timeout 20]
+    python -m specstruct.bench.conformance [--limit N] [--tokenizer tiny|qwen] [--backend llguidance,outlines]
+                                           [--compile-limit 20] [--out report.json]
 
-For each schema: compile it with the tiny byte-level BPE tokenizer (it has all 256 bytes, so any text is
-writable). A schema must either compile or raise ConstraintError; anything else is a crash. For compiled
-schemas each `valid: true` instance, serialised as the engine writes JSON (`json.dumps`, properties in
-schema order), must be accepted token by token; `valid: false` instances the automaton accepts are
-counted as over-permissive. Each schema runs in a worker process that is killed after `--timeout`
-seconds (outlines_core can take very long on huge schemas): that counts as `too complex`.
+For each schema: compile it with the tokenizer (tiny: the 400-token byte-level test BPE; qwen: Qwen2.5's
+151,936-row vocabulary) through a JSON backend (llguidance: the default; outlines: outlines_core regexes;
+xgrammar: for comparison, if installed). A schema must either compile or raise ConstraintError (which the
+compile limits raise for a too complex schema); anything else is a crash, and a worker that outlives
+`--compile-limit` plus a grace period is killed and counted as `killed` (a limit that failed to hold).
+For compiled schemas each `valid: true` instance, serialised as the engine writes JSON (`json.dumps`,
+properties in schema order), must be accepted token by token; `valid: false` instances the automaton accepts
+are counted as over-permissive. Per schema: compile time and peak memory; per token: mask time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from specstruct.constraints.schema_normalise import follow_ref
+from specstruct.bench.conformance_reasons import reason
 from specstruct.bench.workloads import jsonschemabench_dir
 
 VOCAB_SIZE, EOS = 408, 2  # tiny_model's padded LM head; <|im_end|>
@@ -81,33 +85,41 @@ def _best_branch(value: Any, branches: list, root: Any) -> Any:
     return max(branches, key=score)
 
 
-def check_one(path: str, tokenizer=None) -> dict:
-    """Compile one corpus schema and walk its instances. Never raises: crashes are recorded."""
-    from specstruct.constraints.compiler import compile_constraint
-    from specstruct.errors import ConstraintError
-    from specstruct.constraints.base import ConstraintSpec
-    from specstruct.testing import tiny_tokenizer
+def _record(name: str, status: str = "compiled", error: str | None = None) -> dict[str, Any]:
+    return {"name": name, "status": status, "error": error, "valid": 0, "valid_accepted": 0, "invalid": 0,
+            "invalid_rejected": 0, "rejected_valid": [], "over_permissive": [], "mask_s": []}
 
-    tokenizer = tokenizer or tiny_tokenizer()
+
+def check_one(path: str, tok=None, backend: str = "llguidance") -> dict:
+    """Compile one corpus schema and walk its instances. Never raises: crashes are recorded.
+    `tok` is (tokenizer, vocab_size, eos_ids); default the tiny tokenizer."""
+    from specstruct.bench.conformance_backends import compile_schema, load_tokenizer, peak_begin, peak_end, walk
+    from specstruct.errors import ConstraintError
+
+    tokenizer, vocab_size, eos = tok or load_tokenizer("tiny")
     doc = json.loads(Path(path).read_text())
     schema, tests = doc["schema"], doc.get("tests", [])
-    rec: dict[str, Any] = {"name": Path(path).stem, "status": "compiled", "error": None, "valid": 0,
-                           "valid_accepted": 0, "invalid": 0, "invalid_rejected": 0, "rejected_valid": [],
-                           "over_permissive": []}
-    start = time.perf_counter()
+    rec = _record(Path(path).stem)
+    base, start = peak_begin(), time.perf_counter()
     try:
-        spec = ConstraintSpec("json", json.dumps(schema), "json")
-        constraint = compile_constraint(spec, tokenizer, vocab_size=VOCAB_SIZE, eos_token_ids=[EOS])
+        constraint = compile_schema(backend, schema, tokenizer, vocab_size, eos)
     except ConstraintError as e:
         rec.update(status="unsupported", error=str(e).splitlines()[0][:300])
         return rec
     except Exception as e:  # noqa: BLE001 - anything but ConstraintError is a bug we must see
         rec.update(status="crash", error=f"{type(e).__name__}: {e}"[:300])
         return rec
-    rec["compile_s"] = round(time.perf_counter() - start, 3)
+    rec["compile_s"], rec["peak_mb"] = round(time.perf_counter() - start, 4), peak_end(base)
     for test in tests:
         text = serialise(test["data"], schema)
-        ok = constraint.accepts(text) or constraint.accepts(json.dumps(test["data"], ensure_ascii=False))
+        times = rec["mask_s"] if len(rec["mask_s"]) < 400 else None
+        encode = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        try:
+            ok = walk(constraint, encode(text), times) or walk(
+                constraint, encode(json.dumps(test["data"], ensure_ascii=False)), None)
+        except Exception as e:  # noqa: BLE001 - a failure while walking is a crash too
+            rec.update(status="crash", error=f"walking: {type(e).__name__}: {e}"[:300])
+            return rec
         if test.get("valid"):
             rec["valid"] += 1
             rec["valid_accepted"] += ok
@@ -121,89 +133,43 @@ def check_one(path: str, tokenizer=None) -> dict:
     return rec
 
 
-def reason(value: Any, schema: Any, text: str) -> str:
-    """Best-effort label for why a valid instance is outside the automaton's language (see docs)."""
-    declared = set(re.findall(r'"properties": \{"([^"]+)"', json.dumps(schema)))
-    for node in _walk_schema(schema):
-        if isinstance(node.get("properties"), dict):
-            declared |= set(node["properties"])
-    keys = set(_keys(value))
-    if re.search(r"\\u[0-9a-fA-F]{4}", text):
-        return "control character (needs a \\u escape outlines_core's string regex lacks)"
-    if "\\" in text and any({"minLength", "maxLength"} & set(node) for node in _walk_schema(schema)):
-        return "escape in a length-bounded string (generated without escape sequences)"
-    if any("pattern" in node for node in _walk_schema(schema)):
-        return "pattern (JSON Schema searches, outlines_core matches the whole string)"
-    if any(node.get("format") in ("uri", "email", "date-time", "time") for node in _walk_schema(schema)):
-        return "format (outlines_core's format regexes are narrower than the RFCs, e.g. uri is http/ftp/urn)"
-    if declared and keys - declared:
-        return "undeclared property (only declared properties are generated)"
-    if _depth(value) > 3:
-        return "nesting depth (free-form JSON and $ref are unrolled to a fixed depth)"
-    return "other"
+def _worker(conn, tokenizer: str, backend: str, compile_limit: float) -> None:
+    from specstruct.bench.conformance_backends import compile_schema, load_tokenizer
+    from specstruct.constraints.limits import set_limits
 
-
-def _walk_schema(node: Any):
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk_schema(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk_schema(v)
-
-
-def _keys(value: Any):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield k
-            yield from _keys(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _keys(v)
-
-
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
-
-
-def _worker(conn) -> None:
-    from specstruct.testing import tiny_tokenizer
-
-    tok = tiny_tokenizer()
+    set_limits(time_s=compile_limit)
+    tok = load_tokenizer(tokenizer)
+    compile_schema(backend, {"type": "integer"}, *tok)  # warm: token tables, compile worker
+    conn.send("ready")
     while True:
         path = conn.recv()
         if path is None:
             return
-        conn.send(check_one(path, tok))
+        conn.send(check_one(path, tok, backend))
 
 
-def run(files: Iterable[Path], timeout: float = 20.0, progress: bool = True) -> list[dict]:
-    """check_one over `files` in a worker process that is replaced when a schema exceeds `timeout`."""
+def run(files: Iterable[Path], compile_limit: float = 20.0, progress: bool = True, tokenizer: str = "tiny",
+        backend: str = "llguidance", grace: float = 60.0) -> list[dict]:
+    """check_one over `files` in a worker process; one that outlives `compile_limit + grace` is killed."""
     from tqdm import tqdm
 
     ctx = mp.get_context("fork")
     records: list[dict] = []
     proc = conn = None
-    for path in tqdm(list(files), desc="schemas", disable=not progress, unit="schema"):
+    for path in tqdm(list(files), desc=f"{backend}/{tokenizer}", disable=not progress, unit="schema"):
         if proc is None:
             conn, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+            proc = ctx.Process(target=_worker, args=(child, tokenizer, backend, compile_limit), daemon=True)
             proc.start()
+            conn.recv()
         conn.send(str(path))
-        if conn.poll(timeout):
+        if conn.poll(compile_limit + grace):
             records.append(conn.recv())
             continue
         proc.kill()
         proc.join()
         proc = None
-        records.append({"name": path.stem, "status": "too_complex", "error": f"compile exceeded {timeout:g} s",
-                        "valid": 0, "valid_accepted": 0, "invalid": 0, "invalid_rejected": 0,
-                        "rejected_valid": [], "over_permissive": []})
+        records.append(_record(path.stem, "killed", f"no answer within {compile_limit + grace:g} s"))
     if proc is not None:
         conn.send(None)
         proc.join(5)
@@ -222,10 +188,17 @@ def summarise(records: list[dict]) -> dict:
             m = re.search(r"keyword '([^']+)'", r["error"] or "")
             keywords[m.group(1) if m else (r["error"] or "")[:60]] += 1
     reasons = collections.Counter(x["reason"] for r in compiled for x in r["rejected_valid"])
+    from specstruct.bench.conformance_backends import percentiles
+
     pct = lambda a, b: round(100.0 * a / b, 2) if b else None  # noqa: E731
     return {
         "schemas": n, "compiled": by["compiled"], "compiled_pct": pct(by["compiled"], n),
-        "unsupported": by["unsupported"], "too_complex": by["too_complex"], "crashes": by["crash"],
+        "unsupported": sum(1 for r in records if r["status"] == "unsupported" and "too complex" not in r["error"]),
+        "too_complex": sum(1 for r in records if r["status"] == "unsupported" and "too complex" in r["error"]),
+        "crashes": by["crash"], "killed": by["killed"],
+        "compile_s": percentiles([r["compile_s"] for r in compiled]),
+        "peak_mb": percentiles([r["peak_mb"] for r in compiled], digits=1),
+        "mask_us": percentiles([t for r in compiled for t in r["mask_s"]], 1e6, 1),
         "valid_instances": valid, "valid_accepted_pct": pct(sum(r["valid_accepted"] for r in compiled), valid),
         "invalid_instances": invalid,
         "invalid_rejected_pct": pct(sum(r["invalid_rejected"] for r in compiled), invalid),
@@ -233,23 +206,46 @@ def summarise(records: list[dict]) -> dict:
     }
 
 
+def table(summaries: dict[str, dict]) -> str:
+    """The side-by-side markdown table of `{backend: summary}`."""
+    rows = [("schemas", "schemas"), ("compiled %", "compiled_pct"), ("refused (unsupported)", "unsupported"),
+            ("refused (too complex)", "too_complex"), ("crashes", "crashes"), ("killed (limit failed)", "killed"),
+            ("valid accepted %", "valid_accepted_pct"), ("invalid rejected %", "invalid_rejected_pct"),
+            ("compile s p50 / p99 / max", "compile_s"), ("peak MB p50 / p99 / max", "peak_mb"),
+            ("mask us/token p50 / p99 / max", "mask_us")]
+    cell = lambda v: " / ".join(str(x) for x in v.values()) if isinstance(v, dict) else str(v)  # noqa: E731
+    out = ["| figure | " + " | ".join(summaries) + " |", "|---" * (len(summaries) + 1) + "|"]
+    out += [f"| {label} | " + " | ".join(cell(s[key]) for s in summaries.values()) + " |" for label, key in rows]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specstruct.bench.conformance", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specstruct.bench.conformance", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--limit", type=int, default=None, help="check a deterministic sample of N schemas")
     ap.add_argument("--seed", type=int, default=0, help="sample seed (with --limit)")
-    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per schema before it counts as too complex")
-    ap.add_argument("--out", type=Path, default=None, help="write the summary and every record as JSON here")
+    ap.add_argument("--tokenizer", choices=["tiny", "qwen"], default="tiny",
+                    help="tiny: the 400-token test BPE; qwen: Qwen2.5-Coder's tokenizer (must be pulled)")
+    ap.add_argument("--backend", default="llguidance",
+                    help="comma-separated JSON backends to compare side by side: llguidance,outlines,xgrammar")
+    ap.add_argument("--compile-limit", type=float, default=20.0,
+                    help="specstruct's compile time limit (CompileLimits.time_s) in seconds")
+    ap.add_argument("--out", type=Path, default=None, help="write the summaries and every record as JSON here")
     args = ap.parse_args(argv)
     if corpus_dir() is None:
         print("JSONSchemaBench not found: set SPECSTRUCT_JSONSCHEMABENCH to its folder "
               "(default ../shared/data/jsonschemabench from the repo root).")
         return 2
-    records = run(corpus_files(args.limit, args.seed), timeout=args.timeout)
-    summary = summarise(records)
-    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    files = corpus_files(args.limit, args.seed)
+    results = {}
+    for backend in args.backend.split(","):
+        records = run(files, args.compile_limit, tokenizer=args.tokenizer, backend=backend)
+        results[backend] = {"summary": summarise(records), "records": records}
+        print(json.dumps({backend: results[backend]["summary"]}, indent=1, ensure_ascii=False))
+    print(f"\n{len(files)} schemas, tokenizer {args.tokenizer}:\n" + table({b: r["summary"] for b, r in results.items()}))
     if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "records": records}, indent=1, ensure_ascii=False))
-    return 1 if summary["crashes"] else 0
+        args.out.write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    return 1 if any(r["summary"]["crashes"] or r["summary"]["killed"] for r in results.values()) else 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 from specstruct.constraints.token_table import TERMINATOR_ID, TokenTable
 
 _DONE = -1  # state after EOS: only EOS stays legal
-MASK_CACHE_BYTES = 128 * 2**20  # per program; bool masks cost vocab_size bytes each
+MASK_CACHE_BYTES = 32 * 2**20  # per program; bool masks cost vocab_size bytes each
 
 
 class _Program:

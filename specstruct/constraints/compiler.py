@@ -1,13 +1,17 @@
 """ConstraintSpec + tokenizer -> Constraint: a token automaton with an explicit, rollback-able state.
 
-    json  --prepare_schema--> schema --outlines_core--> regex --+
+    json  --llguidance JSON compiler (default)---------------------> GrammarConstraint
+    json  --prepare_schema--> schema --outlines_core--> regex --+   (json_backend="outlines")
     regex ------------------------------------------------------+--> outlines_core Index --> AutomatonConstraint
     choice --escape + join---------------------------------------+
     grammar --llguidance (Lark)--> LLMatcher ----------------------> GrammarConstraint
     text / code ----------------------------------------------------> FreeTextConstraint
 
-Compiling an Index is the slow part (0.3-2 s on a 150k vocabulary), so compiled programs are cached in
-memory per (tokenizer, spec) and on disk under ~/.cache/specstruct/constraints (env SPECSTRUCT_CACHE).
+JSON goes through llguidance by default (json_llguidance.py; `json_backend="outlines"` or env
+SPECSTRUCT_JSON_BACKEND=outlines selects the regex path). Compiling an outlines_core Index is the slow part
+(0.3-2 s on a 150k vocabulary, minutes or tens of GB for hostile regexes), so it runs in a bounded worker
+process (isolate.py, limits.py) and compiled programs are cached in a byte-bounded LRU per (tokenizer, spec)
+and on disk under ~/.cache/specstruct/constraints (env SPECSTRUCT_CACHE; pruned to `disk_cache_mb`).
 Every regex is compiled as `(?:R)\x00` to work around an outlines_core bug (see automaton.py); JSON is
 written in `json.dumps` form (see regexes.py).
 """
@@ -16,14 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import re
-import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import Sequence
 
-from specstruct.constraints.cache import cache_dir, write_atomic
+from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, write_atomic
+from specstruct.constraints.isolate import build_index_bytes
+from specstruct.constraints.json_llguidance import check_support, compile_json, parse_schema
+from specstruct.constraints.limits import check_regex, limits, too_complex
 from specstruct.constraints.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
 from specstruct.constraints.grammar import GrammarConstraint
@@ -37,39 +44,58 @@ __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarCo
 _FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
 OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
 _NUL = re.compile(r"\x00|\\x00|\\x\{0+\}|\\0|\\u0000|\\U00000000")
+JSON_BACKENDS = ("llguidance", "outlines")
 
 
-_PROGRAMS: dict[tuple, _Program] = {}
-_PROGRAMS_LOCK = threading.Lock()
+_PROGRAMS = ByteLRU(lambda: limits().cache_mb << 20)  # outlines_core programs, charged index + mask cache
 
 
-def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_token_ids: Sequence[int]):
-    """Compile `spec` for `tokenizer` into a fresh Constraint at its initial state (cached compilation)."""
+def default_json_backend() -> str:
+    """env SPECSTRUCT_JSON_BACKEND (llguidance or outlines), default llguidance (see docs/conformance.md)."""
+    backend = os.environ.get("SPECSTRUCT_JSON_BACKEND", "llguidance")
+    if backend not in JSON_BACKENDS:
+        raise ConstraintError(f"SPECSTRUCT_JSON_BACKEND={backend!r} is not a JSON backend; use one of {JSON_BACKENDS}.")
+    return backend
+
+
+def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_token_ids: Sequence[int],
+                       json_backend: str | None = None):
+    """Compile `spec` for `tokenizer` into a fresh Constraint at its initial state (cached compilation).
+    Every compile is bounded by limits.limits(): past them it raises ConstraintError naming the limit."""
     table = token_table(tokenizer)
     eos = [int(e) for e in eos_token_ids] or [table.eos_id]
     if spec.kind in ("text", "code"):
         return FreeTextConstraint(table, vocab_size, eos, spec.mode, tokenizer)
     if spec.kind == "grammar":
+        check_spec(spec)
         grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
-        if not grammar.is_final() and not bool(grammar.mask().any()):
+        try:
+            empty = not grammar.is_final() and not bool(grammar.mask().any())
+        except ConstraintError:  # llguidance reports an empty language as a parser error at the first mask
+            empty = True
+        if empty:
             raise ConstraintError("this grammar admits no output (its start rule matches nothing this tokenizer "
                                   "can write); check the start rule and its terminals.")
         return grammar
-    regex = check_spec(spec)
+    backend = json_backend or default_json_backend()
+    if spec.kind == "json" and backend == "llguidance":
+        return compile_json(spec.source or "{}", tokenizer, table, vocab_size, eos, spec.mode)
+    regex = check_spec(spec, json_backend=backend)
+    if spec.kind == "json":
+        check_regex(regex, "the JSON schema")
     key = (table.key, regex, vocab_size, tuple(sorted(eos)))
-    with _PROGRAMS_LOCK:
-        program = _PROGRAMS.get(key)
+    program = _PROGRAMS.get(key)
     if program is None:
-        program = _Program(_index(regex, table, spec), table, vocab_size, eos)
+        index, size = _index(regex, table, spec)
+        program = _Program(index, table, vocab_size, eos)
         if spec.kind == "json" and program.is_final(program.initial):
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "
                                   "lists and min/max bounds.")
-        with _PROGRAMS_LOCK:
-            _PROGRAMS[key] = program
+        _PROGRAMS.put(key, program, size + program.max_masks * vocab_size)
     return AutomatonConstraint(program, spec.mode, tokenizer)
 
 
-def check_spec(spec: ConstraintSpec) -> str | None:
+def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str | None:
     """Everything about `spec` that needs no tokenizer, raising ConstraintError: regex syntax, grammar syntax,
     JSON-schema support. Returns the regex of automaton kinds (None for grammar, text, code). Cheap enough to
     run before loading a model (the CLI does)."""
@@ -86,35 +112,54 @@ def check_spec(spec: ConstraintSpec) -> str | None:
             raise ConstraintError(f"invalid Lark grammar: {error.strip()}")
         return None
     if spec.kind == "json":
-        return json_regex(spec.source or "{}")
+        if (json_backend or default_json_backend()) == "llguidance":
+            check_support(spec.source or "{}")  # keyword support, naming the JSON path; no tokenizer needed
+            return None
+        return _outlines_json_regex(spec.source or "{}")
     if spec.kind == "choice":
-        return choice_regex(json.loads(spec.source or "[]"))
+        regex = choice_regex(json.loads(spec.source or "[]"))
+        check_regex(regex, "the choice constraint")
+        return regex
     if spec.kind == "regex":
         regex = spec.source or ""
         if _NUL.search(regex):
             raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
                                   "of output); remove \\x00 from the pattern.")
         _check_regex_syntax(regex, spec)
+        check_regex(regex, "the regex constraint")
         return regex
     raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
 
 
-def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
-    """The outlines_core Index of `regex`, from the disk cache when possible."""
-    from outlines_core import Index
+def _outlines_json_regex(source: str) -> str:
+    schema = parse_schema(source)  # size and depth limits first: no RecursionError further on
+    try:
+        return json_regex(schema)
+    except RecursionError as e:
+        raise too_complex("the JSON schema", "max_schema_depth", "its $refs nest too deeply") from e
 
+
+def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
+    """The outlines_core Index of `regex` and its size in bytes, from the disk cache when possible, else
+    built in the bounded compile worker (isolate.py)."""
     path = index_path(regex, table)
     if path.exists():
         try:
-            return pickle.loads(path.read_bytes())
+            data = path.read_bytes()
+            os.utime(path)  # recently used: pruned last
+            return pickle.loads(data), len(data)
         except Exception:  # a corrupt or stale entry: rebuild it
             path.unlink(missing_ok=True)
+    what = "the JSON schema" if spec.kind == "json" else f"the {spec.kind} constraint"
     try:
-        index = Index(f"(?:{regex})\\x00", table.vocabulary())
-    except (ValueError, RuntimeError) as e:
+        data = build_index_bytes(f"(?:{regex})\\x00", table, what)
+    except ConstraintError:
+        raise
+    except ValueError as e:
         raise _regex_error(regex, spec, str(e)) from e
-    write_atomic(path, pickle.dumps(index))
-    return index
+    write_atomic(path, data)
+    prune_disk(cache_dir(), limits().disk_cache_mb << 20)
+    return pickle.loads(data), len(data)
 
 
 def index_path(regex: str, table: TokenTable) -> Path:

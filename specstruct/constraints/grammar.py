@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specstruct.constraints.limits import llguidance_limits
 from specstruct.errors import ConstraintError
 
 _LLTOKENIZERS: dict[tuple, object] = {}
@@ -32,6 +33,13 @@ def _lltokenizer(tokenizer, table, vocab_size: int):
         return _LLTOKENIZERS[key]
 
 
+def _special_ids(tokenizer, vocab_size: int) -> np.ndarray:
+    from specstruct.constraints.token_table import token_table
+
+    special = token_table(tokenizer).eos_like
+    return special[special < vocab_size]
+
+
 class GrammarConstraint:
     """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
 
@@ -40,6 +48,7 @@ class GrammarConstraint:
         self._m, self._tokenizer, self.vocab_size, self.mode = matcher, tokenizer, vocab_size, mode
         self._eos = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
         self._stack = stack if stack is not None else []  # True: an EOS we accepted; False: a real token
+        self._special = _special_ids(tokenizer, vocab_size)
 
     @classmethod
     def compile(cls, lark: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
@@ -50,11 +59,11 @@ class GrammarConstraint:
             grammar = LLMatcher.grammar_from_lark(lark)
         except (ValueError, RuntimeError) as e:
             raise ConstraintError(f"invalid Lark grammar: {e}") from e
-        error = LLMatcher.validate_grammar(grammar, lltok)
+        error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
         if error:
             raise ConstraintError(f"invalid Lark grammar: {error.strip()}\nFix the rule named above (llguidance "
                                   "Lark syntax, see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).")
-        matcher = LLMatcher(lltok, grammar, log_level=0)
+        matcher = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
         if matcher.is_error():
             raise ConstraintError(f"invalid Lark grammar: {matcher.get_error()}")
         return cls(matcher, tokenizer, vocab_size, eos_ids, mode)
@@ -63,13 +72,21 @@ class GrammarConstraint:
         return bool(self._stack) and self._stack[-1]
 
     def mask(self) -> torch.Tensor:
-        m = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if not self._done() and not self._m.is_stopped():
-            bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            n = min(len(bits), self.vocab_size)
-            m[:n] = torch.from_numpy(bits[:n].astype(bool))
-        m[self._eos] = self.is_final()
-        return m
+        if self._done() or self._m.is_stopped():
+            bits = np.zeros(self.vocab_size, dtype=np.bool_)
+        else:
+            packed = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+            if self._m.is_error():  # a parser limit hit mid-output: fail loudly, never unconstrained
+                raise ConstraintError(f"the constraint failed while generating: {self._m.get_error()[:300]}. "
+                                      "The schema or grammar is too complex for llguidance's parser limits; "
+                                      "simplify it (fewer optional properties or alternatives).")
+            bits = np.unpackbits(packed, count=min(len(packed) * 8, self.vocab_size), bitorder="little")
+            if len(bits) < self.vocab_size:
+                bits = np.concatenate([bits, np.zeros(self.vocab_size - len(bits), dtype=np.uint8)])
+            bits = bits.view(np.bool_)
+            bits[self._special] = False  # llguidance may allow its own EOS: only ours, only when final
+        bits[self._eos] = self.is_final()
+        return torch.from_numpy(bits)
 
     def advance(self, tokens: Sequence[int]) -> int:
         n = 0

@@ -6,10 +6,12 @@ import pytest
 
 from specstruct.bench import conformance
 
-SAMPLE, SEED = 300, 0
-COMPILED_FLOOR = 0.70     # measured 0.817 on this sample, 0.830 on the full corpus (docs/conformance.md)
-VALID_ACCEPTED_FLOOR = 0.92
-OVER_PERMISSIVE_CEILING = 0.05
+SAMPLE, SEED = 200, 0
+# llguidance backend (the default), tiny tokenizer: measured 88.5% compiled, 100% valid accepted, 100% invalid
+# rejected on this sample (see docs/conformance.md for the Qwen-tokenizer and full-corpus figures).
+COMPILED_FLOOR = 0.86
+VALID_ACCEPTED_FLOOR = 0.99
+OVER_PERMISSIVE_CEILING = 0.01
 # Valid instances the automaton may reject, each for a documented, sound reason (docs/conformance.md):
 ALLOWED_REASONS = (
     "undeclared property",   # only declared properties are generated
@@ -18,6 +20,7 @@ ALLOWED_REASONS = (
     "nesting depth",         # free-form JSON / recursive $ref are unrolled to a fixed depth
     "escape in a length-bounded string",  # bounded strings are generated without escapes
     "format",                # outlines_core's format regexes are narrower than the RFCs
+    "exponent in a bounded number",  # llguidance writes bounded numbers without an exponent
 )
 
 
@@ -25,11 +28,11 @@ ALLOWED_REASONS = (
 def records():
     if conformance.corpus_dir() is None:
         pytest.skip("JSONSchemaBench not found: set SPECSTRUCT_JSONSCHEMABENCH or provide ../shared/data/jsonschemabench")
-    return conformance.run(conformance.corpus_files(SAMPLE, SEED), timeout=20.0, progress=False)
+    return conformance.run(conformance.corpus_files(SAMPLE, SEED), compile_limit=20.0, progress=False)
 
 
 def test_every_schema_compiles_or_raises_constraint_error(records):
-    crashes = [(r["name"], r["error"]) for r in records if r["status"] == "crash"]
+    crashes = [(r["name"], r["error"]) for r in records if r["status"] in ("crash", "killed")]
     assert not crashes, f"non-ConstraintError failures: {crashes[:5]}"
     assert len(records) == SAMPLE
 
@@ -58,8 +61,8 @@ def test_invalid_instances_are_mostly_rejected(records):
 
 def test_unsupported_schemas_name_the_keyword(records):
     unsupported = [r for r in records if r["status"] == "unsupported"]
-    assert unsupported, "the sample holds schemas with keywords outlines_core cannot express"
-    named = [r for r in unsupported if "keyword '" in r["error"] or "outlines_core" in r["error"]
+    assert unsupported, "the sample holds schemas with keywords no backend can guarantee (not, dependencies)"
+    named = [r for r in unsupported if "keyword '" in r["error"] or "too complex" in r["error"]
              or "no value" in r["error"] or "`false`" in r["error"]]
     assert len(named) == len(unsupported), [r["error"] for r in unsupported if r not in named][:3]
 

@@ -123,8 +123,8 @@ def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
         out.parse("{}")
     with pytest.raises(ValueError):
         out.parse("{not json")
-    with pytest.raises(ConstraintError, match="'multipleOf'"):
-        compiled(tok, resolve({"type": "integer", "multipleOf": 3}))
+    with pytest.raises(ConstraintError, match="'not' at #"):
+        compiled(tok, resolve({"type": "integer", "not": {"const": 3}}))
     with pytest.raises(ConstraintError, match="invalid JSON schema"):
         resolve({"type": 12})
 
@@ -182,7 +182,7 @@ class Rich(BaseModel):
 
 
 def test_rich_pydantic_model_round_trips(tok):
-    value = Rich(when=datetime.datetime(2024, 1, 2, 3, 4, 5), day=datetime.date(2024, 1, 2),
+    value = Rich(when=datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc), day=datetime.date(2024, 1, 2),
                  id=uuid.UUID(int=7), pet=Cat(kind="cat", lives=3), pair=(1, "a"),
                  address=Address(city="Oslo", country="NO"), tags={"x"}, scores={"a": 0.5})
     text = json.dumps(json.loads(value.model_dump_json()), ensure_ascii=False)

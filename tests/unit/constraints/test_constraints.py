@@ -18,11 +18,16 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"]}
 
 
-def make(tok, kind, source, vocab=VOCAB, eos=None):
+def make(tok, kind, source, vocab=VOCAB, eos=None, backend=None):
     mode = "json" if kind == "json" else kind
     src = json.dumps(source) if kind in ("json", "choice") and not isinstance(source, str) else source
     return compile_constraint(ConstraintSpec(kind, src, mode), tok, vocab_size=vocab,
-                              eos_token_ids=eos or [tok.eos_token_id])
+                              eos_token_ids=eos or [tok.eos_token_id], json_backend=backend)
+
+
+def outlines(tok, source, **kw):
+    """A JSON constraint through the outlines_core regex backend (json_backend="outlines")."""
+    return make(tok, "json", source, backend="outlines", **kw)
 
 
 def ids(tok, text):
@@ -196,7 +201,7 @@ def test_bad_regex_names_regex_and_position(tok, source, needle):
 ])
 def test_unsupported_keyword_names_keyword_and_path(tok, schema, keyword, path):
     with pytest.raises(ConstraintError) as e:
-        make(tok, "json", schema)
+        outlines(tok, schema)
     assert f"unsupported JSON-schema keyword '{keyword}' at {path}:" in str(e.value)
 
 
@@ -213,13 +218,13 @@ def test_allof_members_merge_when_they_combine_cleanly(tok):
     schema = {"$defs": {"named": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
               "allOf": [{"$ref": "#/$defs/named"},
                         {"properties": {"age": {"type": "integer"}, "name": {"maxLength": 5}}, "required": ["age"]}]}
-    c = make(tok, "json", schema)
+    c = outlines(tok, schema)
     assert c.accepts('{"name": "Ada", "age": 36}')
     assert not c.accepts('{"name": "Ada Lovelace", "age": 36}') and not c.accepts('{"name": "Ada"}')
     closed = {"$defs": {"a": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}},
               "allOf": [{"$ref": "#/$defs/a"}, {"properties": {"b": {"type": "string"}}}]}
     with pytest.raises(ConstraintError, match="'allOf'"):  # b would violate a's additionalProperties
-        make(tok, "json", closed)
+        outlines(tok, closed)
 
 
 @pytest.mark.parametrize("schema", [
@@ -230,7 +235,7 @@ def test_allof_members_merge_when_they_combine_cleanly(tok):
 ])
 def test_unsatisfiable_schema_raises(tok, schema):
     with pytest.raises(ConstraintError):
-        make(tok, "json", schema)
+        outlines(tok, schema)
 
 
 def test_bad_grammar_raises_with_llguidance_message(tok):
@@ -239,7 +244,7 @@ def test_bad_grammar_raises_with_llguidance_message(tok):
 
 
 def test_compiled_programs_are_cached_and_masks_shared(tok):
-    a, b = make(tok, "json", PERSON), make(tok, "json", PERSON)
+    a, b = outlines(tok, PERSON), outlines(tok, PERSON)
     assert a._p is b._p and a.mask() is b.mask()  # same per-state cached tensor
 
 
@@ -248,15 +253,15 @@ def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
     import specstruct.constraints.token_table as T
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
-    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
     schema = {"type": "object", "properties": {"zz": {"type": "boolean"}}, "required": ["zz"]}
-    first = make(tok, "json", schema)
+    first = outlines(tok, schema)
     files = list((tmp_path / "constraints").rglob("*.index"))
     assert len(files) == 1 and list((tmp_path / "constraints").rglob("table.pkl"))
-    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
-    second = make(tok, "json", schema)  # loaded from disk
+    second = outlines(tok, schema)  # loaded from disk
     assert second._p is not first._p and second.accepts('{"zz": true}') and not second.accepts('{"zz": 1}')
 
 
@@ -285,7 +290,7 @@ def test_mask_cache_is_bounded(tok, monkeypatch):
     import specstruct.constraints.automaton as A
     import specstruct.constraints.compiler as C
 
-    monkeypatch.setattr(C, "_PROGRAMS", {})
+    monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(A, "MASK_CACHE_BYTES", 0)  # floor: 8 cached masks per program
     c = make(tok, "regex", "[a-z]{0,30}")
     for t in ids(tok, "abcdefghijklmnopqrstuvwxyz"):
@@ -334,7 +339,7 @@ def test_length_bounded_strings_compile_fast_without_escapes(tok):
     import time
 
     start = time.perf_counter()
-    c = make(tok, "json", {"type": "string", "minLength": 2, "maxLength": 255})
+    c = outlines(tok, {"type": "string", "minLength": 2, "maxLength": 255})
     assert time.perf_counter() - start < 5  # with escapes inside the count, outlines_core needs minutes
     assert c.accepts('"ab"') and c.accepts('"' + "x" * 255 + '"')
     assert not c.accepts('"a"') and not c.accepts('"' + "x" * 256 + '"')

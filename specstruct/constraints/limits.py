@@ -1,0 +1,164 @@
+"""How much one compile may cost, and the cheap static checks that refuse explosive input early.
+
+A server accepts user schemas and regexes, so no compile may take the process down or hold it:
+
+- outlines_core builds its Index in native code that cannot be interrupted, and some short regexes make it
+  run for minutes or allocate tens of GB (`(a{1,1000}){1,1000}`, `maxItems: 1e9` as `{0,999999999}`). It
+  therefore runs in a separate worker process (isolate.py) under `memory_mb` (RLIMIT_AS) and `time_s`;
+- llguidance is lazy and bounded by its own fuel and size limits (`llguidance_limits()`), in-process;
+- before either, `check_regex` and `check_schema` refuse inputs whose size is out of bounds, naming the limit.
+
+Every refusal is a ConstraintError that says which limit was hit and how to raise it. The defaults keep a
+2-core, 24 GB machine safe; override them per process with `set_limits(...)` or the environment variables
+SPECSTRUCT_COMPILE_TIME_S, SPECSTRUCT_COMPILE_MEMORY_MB, SPECSTRUCT_CONSTRAINT_CACHE_MB,
+SPECSTRUCT_DISK_CACHE_MB, SPECSTRUCT_MAX_REPEAT, SPECSTRUCT_MAX_REGEX_SIZE, SPECSTRUCT_MAX_SCHEMA_DEPTH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from specstruct.errors import ConstraintError
+
+
+@dataclass(frozen=True)
+class CompileLimits:
+    time_s: float = 30.0            # wall time of one outlines_core compile (worker process killed past it)
+    memory_mb: int = 4096           # address space the compile worker may add (RLIMIT_AS)
+    cache_mb: int = 2048            # compiled constraints kept in memory (LRU by bytes)
+    disk_cache_mb: int = 4096       # compiled indexes kept on disk (oldest files pruned past it)
+    max_repeat: int = 10_000        # largest counted repetition {m,n} in a regex
+    max_regex_size: int = 500_000   # regex size with counted repetitions expanded
+    max_schema_depth: int = 128     # JSON nesting depth of a schema (objects and lists)
+    max_schema_bytes: int = 4 << 20  # size of a JSON schema's text
+
+    def describe(self, name: str) -> str:
+        env = "SPECSTRUCT_" + {"time_s": "COMPILE_TIME_S", "memory_mb": "COMPILE_MEMORY_MB",
+                               "cache_mb": "CONSTRAINT_CACHE_MB", "disk_cache_mb": "DISK_CACHE_MB"}.get(
+                                   name, name.upper())
+        return (f"limit {name}={getattr(self, name)} (raise it with "
+                f"specstruct.constraints.limits.set_limits({name}=...) or the environment variable {env})")
+
+
+def _from_env() -> CompileLimits:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(CompileLimits):
+        env = CompileLimits().describe(f.name).split("environment variable ")[1].rstrip(")")
+        if os.environ.get(env):
+            values[f.name] = (float if f.type in ("float", float) else int)(float(os.environ[env]))
+    return CompileLimits(**values)
+
+
+_LIMITS = _from_env()
+
+
+def limits() -> CompileLimits:
+    return _LIMITS
+
+
+def set_limits(**changes: Any) -> CompileLimits:
+    """Replace some limits for this process (e.g. `set_limits(time_s=5, memory_mb=1024)`); returns the new ones."""
+    global _LIMITS
+    _LIMITS = dataclasses.replace(_LIMITS, **changes)
+    return _LIMITS
+
+
+def too_complex(what: str, name: str, detail: str = "") -> ConstraintError:
+    """The error for an input past limit `name`."""
+    detail = f" ({detail})" if detail else ""
+    return ConstraintError(f"{what} is too complex to compile{detail}: it exceeds the {limits().describe(name)}. "
+                           "Simplify it (smaller bounds, fewer alternatives) or raise the limit.")
+
+
+def llguidance_limits():
+    """llguidance's own resource limits, scaled to `memory_mb` (a lexer state costs about 1-2 kB)."""
+    from llguidance import LLParserLimits
+
+    states = max(10_000, min(250_000, limits().memory_mb * 1024 // 4))
+    # An Earley row holds ~4 items per optional property: the default 2000 fails mid-generation at ~500.
+    return LLParserLimits(max_lexer_states=states, max_items_in_row=20_000, step_max_items=200_000,
+                          verbose_errors=False)
+
+
+_COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def check_regex(regex: str, what: str = "the regex") -> None:
+    """Refuse a regex whose counted repetitions are too large, alone or nested (static, linear time).
+
+    The estimate is the regex's size with every `{m,n}` expanded n times (nested ones multiply): a
+    determinising compiler builds at least that many states."""
+    lim = limits()
+    stack: list[float] = [0.0]   # size of the sequence being built, per open group
+    last = 0.0                   # size of the last atom (what a quantifier applies to)
+    i, n = 0, len(regex)
+    while i < n:
+        c = regex[i]
+        if c == "\\":
+            j = i + 2
+            if j <= n and regex[i + 1] in "xupP" and j < n and regex[j] == "{":
+                j = regex.find("}", j) + 1 or n
+            last, i = 1.0, j
+        elif c == "[":
+            j = i + 1
+            if j < n and regex[j] == "^":
+                j += 1
+            if j < n and regex[j] == "]":
+                j += 1
+            depth = 1
+            while j < n and depth:
+                if regex[j] == "\\":
+                    j += 1
+                elif regex[j] == "[":
+                    depth += 1
+                elif regex[j] == "]":
+                    depth -= 1
+                j += 1
+            last, i = 1.0, j
+        elif c == "(":
+            stack.append(0.0)
+            last, i = 0.0, i + 1
+            continue
+        elif c == ")":
+            inner = stack.pop() if len(stack) > 1 else 0.0
+            last, i = max(inner, 1.0), i + 1
+        elif c == "|":
+            i += 1
+            continue
+        elif c == "{" and (m := _COUNTED.match(regex, i)):
+            low, high = int(m.group(1)), m.group(3)
+            top = low if m.group(2) is None else (int(high) if high else low)
+            if max(low, top) > lim.max_repeat:
+                raise too_complex(what, "max_repeat", f"a counted repetition {m.group(0)} repeats more than "
+                                  f"{lim.max_repeat} times")
+            stack[-1] += last * (max(low, top, 1) - 1)
+            last = last * max(low, top, 1)
+            i = m.end()
+            if stack[-1] > lim.max_regex_size:
+                raise too_complex(what, "max_regex_size", "its counted repetitions expand to more than "
+                                  f"{lim.max_regex_size} symbols")
+            continue
+        else:
+            last, i = 1.0, i + 1
+        stack[-1] += last
+    if sum(stack) > lim.max_regex_size:
+        raise too_complex(what, "max_regex_size", f"it expands to more than {lim.max_regex_size} symbols")
+
+
+def check_schema(schema: Any, path: str = "#") -> None:
+    """Refuse a schema nested deeper than `max_schema_depth` (iteratively: no RecursionError)."""
+    lim = limits()
+    todo: list[tuple[Any, str, int]] = [(schema, path, 0)]
+    while todo:
+        node, where, depth = todo.pop()
+        if depth > lim.max_schema_depth:
+            raise too_complex("the JSON schema", "max_schema_depth", f"it nests deeper than "
+                              f"{lim.max_schema_depth} levels at {where[:200]}")
+        if isinstance(node, dict):
+            todo.extend((v, f"{where}/{k}", depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            todo.extend((v, f"{where}/{i}", depth + 1) for i, v in enumerate(node))

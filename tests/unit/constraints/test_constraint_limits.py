@@ -1,0 +1,153 @@
+"""Schemas and regexes built to explode: each gets a ConstraintError naming the limit, within the limit, and the
+process lives on. Limits are kept small here so the tests are fast (see specstruct/constraints/limits.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from specstruct.constraints import limits as L
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.errors import ConstraintError
+
+
+@pytest.fixture(autouse=True)
+def small_limits(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    saved = L.limits()
+    L.set_limits(time_s=3.0, memory_mb=512)
+    yield
+    L._LIMITS = saved
+
+
+def make(tok, kind, source, backend=None):
+    src = json.dumps(source) if not isinstance(source, str) else source
+    return compile_constraint(ConstraintSpec(kind, src, kind), tok, vocab_size=408, eos_token_ids=[2],
+                              json_backend=backend)
+
+
+def refused(tok, kind, source, limit, backend=None, within=10.0):
+    start = time.monotonic()
+    with pytest.raises(ConstraintError, match="too complex") as e:
+        make(tok, kind, source, backend)
+    assert time.monotonic() - start < within
+    assert f"limit {limit}=" in str(e.value) and "set_limits" in str(e.value)
+    return str(e.value)
+
+
+def test_huge_counted_repetitions_are_refused_statically(tok):
+    refused(tok, "regex", "(a{1,1000}){1,1000}", "max_regex_size", within=1)
+    refused(tok, "regex", "x{0,999999999}", "max_repeat", within=1)
+    array = {"type": "array", "items": {"type": "integer"}, "maxItems": 1_000_000_000}
+    refused(tok, "json", array, "max_repeat", backend="outlines", within=1)
+    refused(tok, "json", {"type": "string", "minLength": 100_000}, "max_repeat", backend="outlines", within=1)
+
+
+def test_slow_compile_is_stopped_at_the_time_limit_and_the_process_lives_on(tok):
+    L.set_limits(time_s=1.0)
+    refused(tok, "json", {}, "time_s", backend="outlines", within=8)  # outlines_core: ~60 s for `{}`
+    assert make(tok, "regex", "[a-z]{2}").accepts("ab")  # a fresh worker takes over
+
+
+def test_memory_hungry_compile_is_stopped_at_the_memory_limit(tok):
+    L.set_limits(memory_mb=64, time_s=20.0, max_regex_size=10**8)
+    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(200)}}
+    message = refused(tok, "json", many, "memory_mb", backend="outlines", within=25)
+    assert "memory" in message
+    assert make(tok, "regex", "[a-z]{3}").accepts("abc")
+
+
+def test_llguidance_compiles_what_explodes_outlines_core(tok):
+    start = time.monotonic()
+    array = make(tok, "json", {"type": "array", "items": {"type": "integer"}, "maxItems": 1_000_000_000})
+    long = make(tok, "json", {"type": "string", "minLength": 1000})
+    anything = make(tok, "json", {})
+    many = make(tok, "json", {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(500)}})
+    assert time.monotonic() - start < 10
+    assert array.accepts("[1, 2, 3]") and not array.accepts("[1, 2,3]")
+    assert long.accepts(json.dumps("x" * 1000)) and not long.accepts(json.dumps("x" * 999))
+    assert anything.accepts('{"a": [1, {"b": null}], "c": "d"}')
+    assert many.accepts('{"p0": 1, "p7": 2}') and not many.accepts('{"p7": 2, "p0": 1}')
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_deep_nesting_is_a_constraint_error(tok, backend):
+    node: dict = {"type": "integer"}
+    for _ in range(200):
+        node = {"type": "array", "items": node}
+    refused(tok, "json", node, "max_schema_depth", backend=backend, within=5)
+    refused(tok, "json", "[" * 100_000 + "]" * 100_000, "max_schema_depth", backend=backend, within=5)
+
+
+def test_recursive_ref_is_a_grammar_rule_and_remote_ref_is_refused(tok):
+    tree = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v"]}}, "$ref": "#/$defs/n"}
+    c = make(tok, "json", tree)
+    deep = {"v": 1}
+    for _ in range(12):
+        deep = {"v": 1, "kids": [deep]}
+    assert c.accepts(json.dumps(deep))
+    with pytest.raises(ConstraintError, match=r"'\$ref' at #/properties/a.*remote"):
+        make(tok, "json", {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}})
+
+
+def test_unsupported_keyword_names_keyword_and_path(tok):
+    with pytest.raises(ConstraintError, match="'not' at #/properties/a"):
+        make(tok, "json", {"type": "object", "properties": {"a": {"not": {"type": "string"}}}})
+    with pytest.raises(ConstraintError, match="'oneOf' at #/properties/x: its branches may overlap"):
+        make(tok, "json", {"type": "object", "properties": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}})
+
+
+def test_formats_date_time_needs_an_offset_and_date_a_real_day(tok):
+    c = make(tok, "json", {"type": "string", "format": "date-time"})
+    assert c.accepts('"2024-01-01T10:00:00Z"') and c.accepts('"2024-01-01T10:00:00+01:00"')
+    assert not c.accepts('"2024-01-01T10:00:00"')
+    d = make(tok, "json", {"type": "string", "format": "date"})
+    assert d.accepts('"2024-02-29"') and d.accepts('"2024-12-31"')
+    assert not d.accepts('"2024-02-30"') and not d.accepts('"2024-04-31"') and not d.accepts('"2024-13-01"')
+
+
+def test_in_memory_cache_is_bounded_by_bytes(tok):
+    import specstruct.constraints.compiler as C
+
+    L.set_limits(cache_mb=0)  # keeps only the newest program
+    C._PROGRAMS.clear()
+    for n in range(4):
+        make(tok, "regex", f"[a-z]{{{n + 1}}}")
+    assert len(C._PROGRAMS) == 1
+
+
+def test_disk_cache_is_pruned_to_its_budget(tok, tmp_path):
+    import specstruct.constraints.compiler as C
+
+    L.set_limits(disk_cache_mb=0)
+    C._PROGRAMS.clear()
+    for n in range(3):
+        make(tok, "regex", f"[0-9]{{{n + 1}}}")
+    assert sum(p.stat().st_size for p in (tmp_path / "constraints").rglob("*.index")) == 0
+
+
+def test_env_and_set_limits_name_the_knob():
+    assert "SPECSTRUCT_COMPILE_TIME_S" in L.limits().describe("time_s")
+    assert L.set_limits(time_s=7).time_s == 7
+
+
+def test_a_forked_child_gets_its_own_compile_worker(tok):
+    import os
+
+    from specstruct.constraints import isolate
+
+    make(tok, "regex", "[ab]{2}")
+    parent = isolate._STATE["w"]
+    pid = os.fork()
+    if pid == 0:  # child: compiles through a new worker, never the parent's pipes
+        ok = False
+        try:
+            ok = make(tok, "regex", "[cd]{2}").accepts("cd") and isolate._STATE["w"] is not parent
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert parent.alive() and make(tok, "regex", "[ef]{2}").accepts("ef")
