@@ -128,32 +128,55 @@ class Decode:
         return True
 
     def _draft(self, budget: int) -> tuple[list[int], list[torch.Tensor | None], list[tuple[str, int]]]:
-        """Candidates from the planned drafters, in order, on a fork of the constraint."""
+        """Candidates from the planned drafters, in order, on a fork of the constraint. Greedy with the draft
+        model planned, the draft arbitrates: the free drafters' tokens are its hint (see drafting/model.py)."""
         plan = self.policy.plan(self.constraint.mode)
         budget = min(budget, plan.k)
         fork = self.constraint.fork()
         context = self.prompt + self.token_ids
+        model = self.engine.drafters.get("model")
+        arbitrate = (self.config.temperature <= 0 and self.config.draft_arbitration and model is not None
+                     and "model" in plan.drafters)
         cands: list[int] = []
+        origin: list[str] = []
         qs: list[torch.Tensor | None] = []
-        segments: list[tuple[str, int]] = []
         t0 = time.perf_counter()
+        side = fork.fork() if arbitrate else fork
         for name in plan.drafters:
             room = min(plan.limits.get(name, 0), budget - len(cands))
-            if room <= 0 or (cands and cands[-1] in self.engine.eos):
+            if name == "model" and arbitrate:
+                d = model.propose(context, fork, plan.limits.get(name, 0), 0.0, hint=cands, total=budget)
+                kept = model.hint_kept
+                for n in origin[kept:]:
+                    self._drafter_stats(n).overruled += 1
+                del origin[kept:]
+                cands = d.tokens
+                origin += [name] * (len(cands) - kept)
+                qs = [None] * len(cands)
                 break
-            drafter = self.engine.drafters[name]
-            d = drafter.propose(context + cands, fork, room, self.config.temperature)
-            if d.tokens:
-                cands += d.tokens
-                qs += [None] * len(d.tokens) if d.q is None else list(d.q)
-                segments.append((name, len(d.tokens)))
+            if room <= 0 or (cands and cands[-1] in self.engine.eos):
+                if arbitrate:
+                    continue  # the draft model still runs (and may extend past the free tokens' budget share)
+                break
+            d = self.engine.drafters[name].propose(context + cands, side, room, self.config.temperature)
+            cands += d.tokens
+            origin += [name] * len(d.tokens)
+            qs += [None] * len(d.tokens) if d.q is None else list(d.q)
         self.stats.draft_time_s += time.perf_counter() - t0
-        drafter = self.engine.drafters.get("model")
-        if drafter is not None and drafter.step_seconds:
-            for rows, s in drafter.step_seconds:
+        if model is not None and model.step_seconds:
+            for rows, s in model.step_seconds:
                 self.policy.observe_cost("draft", rows, s)
-            drafter.step_seconds.clear()
+            model.step_seconds.clear()
+        segments: list[tuple[str, int]] = []
+        for name in origin:
+            if segments and segments[-1][0] == name:
+                segments[-1] = (name, segments[-1][1] + 1)
+            else:
+                segments.append((name, 1))
         return cands, qs, segments
+
+    def _drafter_stats(self, name: str) -> DrafterStats:
+        return self.stats.per_drafter.setdefault(name, DrafterStats())
 
     def _record(self, segments: list[tuple[str, int]], accepted: int) -> None:
         offset = 0
@@ -161,10 +184,11 @@ class Decode:
             got = max(0, min(count, accepted - offset))
             judged = offset <= accepted  # the target reached this drafter's first token
             offset += count
-            st = self.stats.per_drafter.setdefault(name, DrafterStats())
+            st = self._drafter_stats(name)
             st.proposed += count
             st.accepted += got
             if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                st.judged += count
                 self.policy.observe(self.constraint.mode, name, count, got)
                 self.engine.drafters[name].observe(count, got)
 
