@@ -72,3 +72,25 @@ def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, ar
     assert all(s.judged <= s.proposed and s.accepted <= s.judged for s in per.values())
     if not arbitration:
         assert all(s.overruled == 0 for s in per.values())
+
+
+def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close_draft):
+    from pydantic import BaseModel
+
+    import specstruct as ss
+    from specstruct.bench.ablation import PARTS, markdown, run
+    from specstruct.bench.workloads import Workload
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    eng = ss.SpecStruct(target, tok, draft_model=close_draft)
+    w = Workload("p", "json", "extraction", [{"role": "user", "content": "Ada Lovelace, 36."}], Person, Person,
+                 lambda text: (True, ""))
+    variants = ["target-only", "all", "no-arbitration"]
+    res = run(eng, {v: eng for v in variants}, [w, w], variants, 16, echo=lambda *a: None)
+    s = res["summary"]
+    assert all(s[v]["identical"] == 2 for v in variants)
+    assert abs(sum(s["all"]["shares"][p] for p in PARTS) - 1.0) < 1e-6
+    assert "| all |" in markdown(s)
