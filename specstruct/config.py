@@ -30,6 +30,8 @@ class SpecConfig(BaseModel):
     use_draft_model: bool = True
     # The draft's numerics never change the output (the target verifies every token), only its speed.
     draft_numerics: Literal["int8", "float32"] = "int8"
+    # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.
+    draft_arbitration: bool = True
 
     # typed API
     max_retries: int = Field(2, ge=0)

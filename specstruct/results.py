@@ -16,6 +16,8 @@ class DrafterStats:
 
     proposed: int = 0
     accepted: int = 0
+    judged: int = 0  # proposed tokens the target reached (not after an earlier drafter's rejected token)
+    overruled: int = 0  # free candidates the draft model replaced with its own choice (greedy arbitration)
 
     @property
     def acceptance_rate(self) -> float:
@@ -58,7 +60,8 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["per_drafter"] = {
-            k: {"proposed": v.proposed, "accepted": v.accepted, "acceptance_rate": v.acceptance_rate}
+            k: {"proposed": v.proposed, "accepted": v.accepted, "acceptance_rate": v.acceptance_rate,
+                "judged": v.judged, "overruled": v.overruled}
             for k, v in self.per_drafter.items()
         }
         d.update(

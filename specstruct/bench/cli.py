@@ -55,7 +55,9 @@ def main(
                                  "extraction requests through the scheduler; not part of all)"),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="--scenario batch: requests arriving at once, "
                                     "comma-separated levels"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="prompts per scenario (default 5; 3 with --quick)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1,
+                                        help="prompts per scenario (default: JSON 20 = 10 extraction + 10 "
+                                             "JSONSchemaBench; code, prose 5; 3 with --quick)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -112,7 +114,7 @@ def main(
     if any(s not in SCENARIOS for s in scenarios):
         raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose or all", param_hint="--scenario")
     chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(ALL_BASELINES))).split(",") if b.strip()]
-    limit = limit or (QUICK_LIMIT if quick else 5)
+    limit = limit or (QUICK_LIMIT if quick else None)
     with console.status("loading models"):
         engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
     bar, update = (None, None) if quiet else _progress_display()

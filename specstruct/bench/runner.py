@@ -29,6 +29,8 @@ from .workloads import SCENARIOS, Workload, humaneval_completion, load_workloads
 
 ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted")  # "specstruct" = target-only specstruct
 QUICK_LIMIT = 3
+# prompts per scenario by default: JSON runs all 10 extraction passages (40-200 output tokens) and 10 schemas
+DEFAULT_LIMITS = {"json": 20, "code": 5, "prose": 5}
 
 
 def build_sides(engine: Any, baselines: Iterable[str], settings: Settings, base_engine: Any = None,
@@ -224,7 +226,7 @@ def _draft_name(engine: Any) -> str | None:
 
 
 @needs_extras("the benchmark")
-def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int = 5,
+def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int | None = None,
                   baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
                   base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,
                   run_tests: bool = False, stock_baselines: bool = True, progress: Any = None,
@@ -242,7 +244,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     check_fairness(sides)  # fail fast, before minutes of warm-up
     _warm_up(sides, settings)
     fairness = check_fairness(sides)
-    chosen = {s: (workloads or {}).get(s) or load_workloads(s, limit) for s in scenarios}
+    chosen = {s: (workloads or {}).get(s) or load_workloads(s, limit or DEFAULT_LIMITS[s]) for s in scenarios}
     total = sum(len(ws) for ws in chosen.values()) * len(sides)
     done = 0
 

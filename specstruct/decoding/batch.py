@@ -128,7 +128,10 @@ class BatchDecoder:
         jobs = {}
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]
-            if d.limit and k > 0:
+            if d.limit and k > 0 and s.cands and r.config.temperature <= 0 and r.config.draft_arbitration:
+                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
+                                  hint=list(s.cands))  # the draft arbitrates the free candidates
+            elif d.limit and k > 0:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
                                   r.generator, alone=self._alone(r))
         for r, c in chunks:
@@ -155,8 +158,10 @@ class BatchDecoder:
             r.stats.draft_time_s += dt
             if j.error is not None:
                 self._fail(r, j.error)
-            else:
-                steps[id(r)].add("model", j.tokens, None if not j.qs else _stack(j.qs))
+                continue
+            if j.hint:
+                steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
+            steps[id(r)].add("model", j.tokens, None if not j.qs else _stack(j.qs))
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
         segs, keep = [], []

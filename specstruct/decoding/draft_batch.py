@@ -5,6 +5,12 @@ context (crop to the longest common prefix, feed the rest: usually the last acce
 bonus token) and yields its first draft token; each further pass feeds one token per row still drafting. Rows
 also feed prompt chunks here while their target prefill runs, so the draft prefill is spread over steps too.
 
+Arbitration (greedy rows, `SpecConfig.draft_arbitration`): the free candidates (forced text, prompt lookup) come
+as a `hint`. They go through the draft in the first pass, which syncs its cache anyway; the draft keeps the
+hint's longest prefix that equals its own greedy choice under the mask and continues with its own tokens from
+there. A wrong lookup span then no longer wastes every draft token chained after it (docs/benchmarks.md has
+the measurement that found this).
+
 With row-invariant draft numerics (float32) a row's draft is independent of the batch. An int8 draft is not
 (its activation scale is per tensor), which only matters for seeded sampling (the draft's distribution q enters
 the accept test): such rows get passes of their own, fed exactly as when decoded alone.
@@ -52,6 +58,8 @@ class Job:
     generator: torch.Generator | None
     alone: bool = False  # passes of its own (seeded sampling with a draft that is not row-invariant)
     feed_only: bool = False  # a prefill chunk: extend the cache, draft nothing
+    hint: list[int] = field(default_factory=list)  # free candidates the draft arbitrates (greedy)
+    hint_kept: int = 0
     tokens: list[int] = field(default_factory=list)
     qs: list[torch.Tensor] = field(default_factory=list)
     error: BaseException | None = None
@@ -64,7 +72,7 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
 
 def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
     """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
-    feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context)) for j in jobs}
+    feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context) + j.hint) for j in jobs}
     live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0)]
     first = True
     while live:
@@ -72,16 +80,38 @@ def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: lis
         for group in _groups(live):
             t0 = time.perf_counter()
             logits = runtime.forward([(j.state.kv, feeds[id(j)]) for j in group],
-                                     [0 if j.feed_only else 1 for j in group])
+                                     [0 if j.feed_only else (1 + len(j.hint) if first else 1) for j in group])
             if not first:  # the first pass syncs caches (ragged feeds): not a per-token step cost
                 costs.append((len(group), time.perf_counter() - t0))
             for j, lg in zip(group, logits):
                 j.state.tokens += feeds[id(j)]
-                if not j.feed_only and _take(j, lg[-1]) and j.tokens[-1] not in eos and len(j.tokens) < j.k:
+                at = -1
+                if first and j.hint:
+                    at = _arbitrate(j, lg)
+                if not j.feed_only and _take(j, lg[at]) and j.tokens[-1] not in eos and len(j.tokens) < j.k:
                     feeds[id(j)] = [j.tokens[-1]]
                     more.append(j)
         first = False
         live = more
+
+
+def _arbitrate(job: Job, logits: torch.Tensor) -> int:
+    """Keep the hint's prefix the draft would choose itself (advancing the fork over it), forget the rest from the
+    draft cache; returns the row of `logits` to draft the next own token from."""
+    kept = 0
+    try:
+        for i, x in enumerate(job.hint):
+            mask = job.fork.mask()
+            if greedy_token(logits[i, : mask.shape[0]], mask) != x or job.fork.advance([x]) != 1:
+                break
+            kept += 1
+    except Exception as err:  # a broken constraint fails its own row only
+        job.error = err
+    job.hint_kept = kept
+    length = len(job.state.tokens) - len(job.hint) + kept
+    job.state.kv.crop(length)
+    del job.state.tokens[length:]
+    return kept
 
 
 def _take(job: Job, logits: torch.Tensor) -> bool:

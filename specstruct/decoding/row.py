@@ -234,6 +234,7 @@ class Row:
             if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
                 st = self.stats.per_drafter.setdefault(name, DrafterStats())
                 st.proposed += seen
+                st.judged += seen
                 st.accepted += got
                 self.policy.observe(self.constraint.mode, name, count, got)
 
@@ -246,6 +247,21 @@ class Step:
         self.cands: list[int] = []
         self.qs: list[torch.Tensor | None] = []
         self.segments: list[tuple[str, int]] = []
+
+    def keep_free(self, kept: int, fork, stats: Stats) -> None:
+        """After draft arbitration: keep only the first `kept` free candidates (the draft overruled the rest, which
+        are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
+        dropped, offset, segments = len(self.cands) - kept, 0, []
+        for name, count in self.segments:
+            keep = max(0, min(count, kept - offset))
+            if count - keep:
+                stats.per_drafter.setdefault(name, DrafterStats()).overruled += count - keep
+            if keep:
+                segments.append((name, keep))
+            offset += count
+        if dropped:
+            self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
+        self.fork = fork
 
     def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
         if tokens:

@@ -1,0 +1,96 @@
+"""The draft model's arbitration of free candidates: it keeps the hint's prefix it agrees with, continues with its
+own tokens, and leaves its cache exactly as a fresh draft fed the same tokens would have it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specstruct.config import SpecConfig
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.decoding.drafting import DraftModelDrafter
+from specstruct.decoding.engine import Engine
+from specstruct.decoding.runtime import ModelRuntime
+
+TEXT = "def add(a, b):\n    return a + b\n"
+
+
+def _free(tok, rt):
+    return compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=rt.vocab_size,
+                              eos_token_ids=[tok.eos_token_id])
+
+
+def _own(drafter, tok, context, k):
+    """The draft's own greedy proposal from a fresh cache."""
+    drafter.reset()
+    return drafter.propose(context, _free(tok, drafter.runtime), k, 0.0).tokens
+
+
+@pytest.mark.parametrize("wrong_at", [0, 2, None])
+def test_hint_prefix_kept_where_the_draft_agrees(tok, close_draft, wrong_at):
+    drafter = DraftModelDrafter(ModelRuntime(close_draft), [tok.eos_token_id])
+    context = tok.encode(TEXT, add_special_tokens=False)[:6]
+    own = _own(drafter, tok, context, 6)
+    hint = list(own[:4])
+    if wrong_at is not None:
+        hint[wrong_at] = (hint[wrong_at] + 1) % 300
+    drafter.reset()
+    d = drafter.propose(context, _free(tok, drafter.runtime), 2, 0.0, hint=hint)
+    kept = 4 if wrong_at is None else wrong_at
+    assert drafter.hint_kept == kept
+    assert d.tokens == own[: kept + 2]  # the agreed hint, then the draft's own choices from there
+    # the cache holds exactly what the drafter believes it holds: a further proposal equals a fresh draft's
+    assert drafter.runtime.length == len(drafter.tokens)
+    more = drafter.propose(context + d.tokens, _free(tok, drafter.runtime), 3, 0.0)
+    assert more.tokens == _own(drafter, tok, context + d.tokens, 3)
+
+
+def test_total_caps_hint_and_own_tokens(tok, close_draft):
+    drafter = DraftModelDrafter(ModelRuntime(close_draft), [tok.eos_token_id])
+    context = tok.encode(TEXT, add_special_tokens=False)[:6]
+    own = _own(drafter, tok, context, 5)
+    drafter.reset()
+    d = drafter.propose(context, _free(tok, drafter.runtime), 4, 0.0, hint=own[:3], total=5)
+    assert d.tokens == own[:5] and drafter.hint_kept == 3
+
+
+@pytest.mark.parametrize("arbitration", [True, False])
+def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, arbitration):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    eng = Engine(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft))
+    c = compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=eng.target.vocab_size,
+                           eos_token_ids=[tok.eos_token_id])
+    ids = tok.encode('{"name": "Ada Lovelace", "age": 36} Copy this JSON exactly: {"name": "Ada', add_special_tokens=False)
+    base = eng.decode(ids, c.fork(), SpecConfig(enable_speculative=False, max_new_tokens=30)).run()
+    spec = eng.decode(ids, c.fork(), SpecConfig(max_new_tokens=30, draft_arbitration=arbitration)).run()
+    assert spec.token_ids == base.token_ids
+    per = spec.stats.per_drafter
+    assert all(s.judged <= s.proposed and s.accepted <= s.judged for s in per.values())
+    if not arbitration:
+        assert all(s.overruled == 0 for s in per.values())
+
+
+def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close_draft):
+    from pydantic import BaseModel
+
+    import specstruct as ss
+    from specstruct.bench.ablation import PARTS, markdown, run
+    from specstruct.bench.workloads import Workload
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    eng = ss.SpecStruct(target, tok, draft_model=close_draft)
+    w = Workload("p", "json", "extraction", [{"role": "user", "content": "Ada Lovelace, 36."}], Person, Person,
+                 lambda text: (True, ""))
+    variants = ["target-only", "all", "no-arbitration"]
+    res = run(eng, {v: eng for v in variants}, [w, w], variants, 16, echo=lambda *a: None)
+    s = res["summary"]
+    assert all(s[v]["identical"] == 2 for v in variants)
+    assert abs(sum(s["all"]["shares"][p] for p in PARTS) - 1.0) < 1e-6
+    assert "| all |" in markdown(s)
