@@ -195,6 +195,7 @@ def test_asyncio_calls_and_task_cancellation(make):
         runs = await asyncio.gather(*(e.arun("Is the sky blue?", Flag) for _ in range(4)))
         value = await e.agenerate("Is the sky blue?", Flag)
         chunks = [c async for c in e.astream("Is the sky blue?", Flag)]
+        e.scheduler.decoder.delay = 0.05  # >= 150 tokens in <= 9 per step: far longer than the waits below
         task = asyncio.create_task(e.arun("go", LONG, max_new_tokens=200))
         while e.scheduler.active == 0:
             await asyncio.sleep(0.005)
@@ -203,6 +204,7 @@ def test_asyncio_calls_and_task_cancellation(make):
             await task
         with pytest.raises(ss.RequestTimeoutError):
             await e.arun("go", LONG, max_new_tokens=200, timeout=0.3)
+        e.scheduler.decoder.delay = 0.0
         return runs, value, chunks
 
     runs, value, chunks = bounded(lambda: asyncio.run(main()))
