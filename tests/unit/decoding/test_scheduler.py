@@ -56,6 +56,7 @@ class Recording(DEFAULT_DECODER):
         self.removed: list[tuple[int, str]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.delay = 0.0  # seconds added to every step (a slow model, without timing on the machine's speed)
 
     def remove(self, row):
         self.removed.append((len(row.token_ids), row.finish_reason))
@@ -63,6 +64,7 @@ class Recording(DEFAULT_DECODER):
 
     def step(self):
         assert self.gate.wait(LIMIT)
+        time.sleep(self.delay)
         return super().step()
 
 
@@ -129,10 +131,13 @@ def test_overload_raises_at_once_and_the_queue_drains(make):
 
 def test_timeout_cancels_and_frees_the_slot(make):
     e = make(max_batch_size=1)
+    assert isinstance(bounded(lambda: e.generate("Is it?", Flag)), Flag)  # starts the loop
+    e.scheduler.decoder.delay = 0.05  # >= 150 tokens in <= 9 per step: well over the 0.3 s timeout
     with pytest.raises(ss.RequestTimeoutError, match="cancelled"):
         bounded(lambda: e.run("go", LONG, max_new_tokens=200, timeout=0.3))
     until(lambda: e.scheduler.active == 0)
     assert e.scheduler.decoder.removed[-1][0] < 150  # left mid-decode, not at the end
+    e.scheduler.decoder.delay = 0.0
     assert isinstance(bounded(lambda: e.generate("Is it?", Flag)), Flag)  # the slot is free again
 
 
@@ -190,6 +195,7 @@ def test_asyncio_calls_and_task_cancellation(make):
         runs = await asyncio.gather(*(e.arun("Is the sky blue?", Flag) for _ in range(4)))
         value = await e.agenerate("Is the sky blue?", Flag)
         chunks = [c async for c in e.astream("Is the sky blue?", Flag)]
+        e.scheduler.decoder.delay = 0.05  # >= 150 tokens in <= 9 per step: far longer than the waits below
         task = asyncio.create_task(e.arun("go", LONG, max_new_tokens=200))
         while e.scheduler.active == 0:
             await asyncio.sleep(0.005)
@@ -198,6 +204,7 @@ def test_asyncio_calls_and_task_cancellation(make):
             await task
         with pytest.raises(ss.RequestTimeoutError):
             await e.arun("go", LONG, max_new_tokens=200, timeout=0.3)
+        e.scheduler.decoder.delay = 0.0
         return runs, value, chunks
 
     runs, value, chunks = bounded(lambda: asyncio.run(main()))
