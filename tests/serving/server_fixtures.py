@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from typing import Any, Iterator
@@ -33,7 +34,9 @@ def running(app: Any) -> Iterator[str]:
         thread.join(10)
 
 
+@functools.lru_cache(maxsize=2)
 def tiny_engine(markers: bool = False, max_new_tokens: int = 40) -> Any:
+    """One engine per kind for the whole session (the app never mutates it)."""
     import copy
 
     import specstruct as ss
