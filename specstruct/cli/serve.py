@@ -86,7 +86,10 @@ def serve(
 
 
 class _AnnouncingServer:
-    """uvicorn.Server that prints the URL once it listens (the real port when --port 0)."""
+    """uvicorn.Server that prints the URL once it listens (the real port when --port 0) and says when it stops.
+    On SIGINT/SIGTERM uvicorn stops accepting, lets running requests finish for `timeout_graceful_shutdown`
+    seconds, cancels the rest (their generations stop at the next step), then re-raises the signal, so the exit
+    status says which signal stopped it."""
 
     def __new__(cls, config: Any, name: str, keyed: bool) -> Any:
         import uvicorn
@@ -98,6 +101,11 @@ class _AnnouncingServer:
                     host, port = self.servers[0].sockets[0].getsockname()[:2]
                     typer.echo(f"specstruct: serving {name!r} at http://{host}:{port}/v1"
                                f"{' (API key required)' if keyed else ''}; Ctrl-C to stop", err=False)
+
+            async def shutdown(self, sockets: Any = None) -> None:
+                typer.echo("specstruct: stopping (running requests get --shutdown-timeout seconds)", err=True)
+                await super().shutdown(sockets)
+                typer.echo("specstruct: stopped", err=True)
 
         return Server(config)
 
