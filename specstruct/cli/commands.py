@@ -179,7 +179,14 @@ def extract(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def bench(ctx: typer.Context) -> None:
-    """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options."""
+    """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options;
+    `specstruct bench serve --help` load-tests a running server."""
+    if ctx.args[:1] == ["serve"]:
+        from specstruct.bench.serve_cli import app as serve_bench
+
+        typer.main.get_command(serve_bench).main(args=list(ctx.args[1:]), prog_name="specstruct bench serve",
+                                                 standalone_mode=True)
+        return
     try:
         bench_cli = importlib.import_module("specstruct.bench.cli")
     except ImportError as exc:

@@ -62,6 +62,8 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests held at once; more get 429."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds before a request is cancelled."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", min=1024, help="Larger bodies get 413."),
+    no_speculation: bool = typer.Option(False, "--no-speculation",
+                                        help="Plain target-only decoding (for A/B measurements)."),
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", min=0,
                                            help="Seconds running requests get to finish on SIGINT/SIGTERM."),
 ) -> None:
@@ -75,6 +77,8 @@ def serve(
         if api_key == "":
             raise fail("--api-key is empty; pass a key or leave it out", EXIT_USAGE)
         engine = _batched_engine(model, draft, no_draft, max_batch_size)
+        if no_speculation:
+            engine.config = engine.config.merged(enable_speculative=False)
         name = served_model_name or model
         limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
                               default_max_tokens=min(default_max_tokens, max_tokens_cap),
