@@ -106,11 +106,11 @@ class _Server:
                 if not task.done() and await request.is_disconnected():
                     raise APIError(499, "the client disconnected; the request was cancelled", code="cancelled")
             task.result()
-        except BaseException as exc:
+        except Exception as exc:
+            raise from_exception(exc, constraint_param=call.constraint_param) from exc
+        finally:  # also on cancellation (shutdown): the generation stops at its next step
             cancel.set()
             task.cancel()
-            raise from_exception(exc, constraint_param=call.constraint_param) from exc
-        finally:
             self.live.discard(cancel)
         return shape.body(deltas, asm.finish_reason, asm.stats)
 

@@ -136,16 +136,17 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
                           limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    if tools and req.tool_choice != "none":
+    if tools and (output_type is None or req.tool_choice != "none"):
         if output_type is not None:
             raise bad_request("send either tools or a structured response format in one request, not both",
                               "response_format")
-        try:
+        try:  # tool_choice "none": free text that cannot open a call
             grammar = tool_core.tool_grammar(tools, req.tool_choice, tokenizer,
                                              parallel=req.parallel_tool_calls is not False)
         except ValueError as e:
             raise bad_request(str(e), "tool_choice")
-        output_type, mode, param = ss.Grammar(grammar, instruction=""), "tools", "tools"
+        mode = "text" if req.tool_choice == "none" else "tools"
+        output_type, param = ss.Grammar(grammar, instruction=""), "tools"
     elif req.tool_choice not in (None, "none", "auto"):
         raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
     kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
