@@ -73,6 +73,7 @@ def serve(
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     prompts: int = typer.Option(8, "--prompts", min=1, help="Distinct extraction prompts to cycle through."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECSTRUCT_API_KEY"),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Unmeasured requests first (compile the schemas)."),
     out: Optional[str] = typer.Option(None, "--out", help="Write every sample and the summaries as JSON."),
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG: throughput and latency."),
 ) -> None:
@@ -88,6 +89,8 @@ def serve(
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     jobs = extraction_jobs(model, max_tokens, prompts)
     results = []
+    if warmup:
+        asyncio.run(run_level(base_url, jobs, 1, max(warmup, len(jobs)), None, api_key))
     with Progress() as bar:
         for c in levels:
             task = bar.add_task(f"concurrency {c}", total=requests)
