@@ -62,6 +62,8 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests held at once; more get 429."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds before a request is cancelled."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", min=1024, help="Larger bodies get 413."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                          help="torch threads (default: torch's; 1 is faster on a busy machine)."),
     no_speculation: bool = typer.Option(False, "--no-speculation",
                                         help="Plain target-only decoding (for A/B measurements)."),
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", min=0,
@@ -76,6 +78,10 @@ def serve(
             raise fail(f"the server needs its extra ({exc}): pip install \"specstruct[server]\"", EXIT_OTHER) from None
         if api_key == "":
             raise fail("--api-key is empty; pass a key or leave it out", EXIT_USAGE)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         engine = _batched_engine(model, draft, no_draft, max_batch_size)
         if no_speculation:
             engine.config = engine.config.merged(enable_speculative=False)
