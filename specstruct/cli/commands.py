@@ -49,7 +49,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 
 # ---------------------------------------------------------------- engine and printing
 
-def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Optional[int]):
+def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Optional[int],
+            batch_config: Optional[dict] = None):
     import specstruct as ss
     from specstruct import models
     from transformers.utils import logging as hf_logging
@@ -65,7 +66,8 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
                        f"(`specstruct pull {draft}` to enable it)", err=True)
             draft = None
     config = ss.SpecConfig(max_new_tokens=max_new_tokens) if max_new_tokens else None
-    return ss.SpecStruct.from_pretrained(model, draft=None if no_draft else draft, config=config)
+    return ss.SpecStruct.from_pretrained(model, draft=None if no_draft else draft, config=config,
+                                         batch_config=batch_config)
 
 
 def _check(output_type: Any) -> None:
@@ -189,7 +191,14 @@ def extract(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def bench(ctx: typer.Context) -> None:
-    """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options."""
+    """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options;
+    `specstruct bench serve --help` load-tests a running server."""
+    if ctx.args[:1] == ["serve"]:
+        from specstruct.bench.serve_cli import app as serve_bench
+
+        typer.main.get_command(serve_bench).main(args=list(ctx.args[1:]), prog_name="specstruct bench serve",
+                                                 standalone_mode=True)
+        return
     try:
         bench_cli = importlib.import_module("specstruct.bench.cli")
     except ImportError as exc:

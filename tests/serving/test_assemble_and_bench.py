@@ -1,0 +1,52 @@
+"""Pieces that need no server: streamed tool-call deltas for parallel calls, their reassembly; and the
+`specstruct bench serve` load generator against an in-process server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from server_fixtures import KEY, MODEL, running, tiny_engine
+
+import specstruct as ss
+from specstruct.bench.serve_cli import table
+from specstruct.bench.serve_load import Job, run_level
+from specstruct.serving.openai import create_app
+from specstruct.serving.openai.assemble import Assembler, merge
+from specstruct.serving.openai.translate import EngineCall
+from specstruct.testing import tiny_tokenizer
+
+
+def call(name, args):
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+def test_parallel_calls_stream_as_openai_deltas_and_merge_back():
+    text = call("add", {"a": 1}) + "\n" + call("mood", {"happy": True}) + "\n"
+    asm = Assembler(tiny_tokenizer(), EngineCall([], ss.Grammar("start: x"), [{}], {}, None, "tools"))
+    deltas = []
+    for i in range(0, len(text), 5):
+        deltas += asm.feed(ss.Chunk(text=text[i:i + 5]))
+    deltas += asm.feed(ss.Chunk(text="", result=ss.Result(text, text, [], ss.Stats())))
+    deltas += asm.finish()
+    assert asm.finish_reason == "tool_calls"
+    assert [d["tool_calls"][0]["index"] for d in deltas] == [0, 0, 1, 1]
+    first, args = deltas[0]["tool_calls"][0], deltas[1]["tool_calls"][0]
+    assert first["type"] == "function" and first["function"] == {"name": "add", "arguments": ""} and first["id"]
+    assert set(args) == {"index", "function"} and json.loads(args["function"]["arguments"]) == {"a": 1}
+    content, calls = merge(deltas)
+    assert content == "" and [c["function"]["name"] for c in calls] == ["add", "mood"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {"happy": True}
+
+
+def test_bench_serve_load_generator():
+    jobs = [Job({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                 "structured_outputs": {"regex": "[a-c]{4}"}},
+                lambda t: (len(t) == 4, "")),
+            Job({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, lambda t: (True, ""))]
+    with running(create_app(tiny_engine(), served_model_name=MODEL, api_key=KEY)) as base:
+        level = asyncio.run(run_level(base, jobs, concurrency=3, requests=6, rate=50.0, api_key=KEY))
+    assert level["requests"] == 6 and level["errors"] == 3 and level["invalid"] == 0
+    assert "HTTP 400" in level["error_messages"][0]
+    assert level["ttft_s"]["p50"] > 0 and level["e2e_s"]["p99"] >= level["e2e_s"]["p50"]
+    assert "| 3 | 6 | 3 | 0 |" in table([level])

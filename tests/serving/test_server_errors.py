@@ -1,0 +1,174 @@
+"""Every error path of the server answers with an OpenAI error object and the right status (never a 500 for bad
+input); a client that disconnects mid-stream cancels its request; the queue limit answers 429 + Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from server_fixtures import KEY, MODEL, running, tiny_engine
+
+from specstruct.serving.openai import ServerLimits, create_app
+
+HI = [{"role": "user", "content": "hi"}]
+LIMITS = ServerLimits(max_body_bytes=20_000, max_tokens_cap=300, max_prompt_tokens=400, max_queued_requests=2,
+                      retry_after_s=3)
+
+
+class SpyEngine:
+    """The tiny engine, recording how each stream ended: run to the end, or closed early (cancelled)."""
+
+    def __init__(self, engine):
+        self.engine, self.ended = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream(self, *args, **kwargs):
+        chunks = 0
+        try:
+            for chunk in self.engine.stream(*args, **kwargs):
+                chunks += 1
+                yield chunk
+            self.ended.append(("finished", chunks))
+        except GeneratorExit:
+            self.ended.append(("cancelled", chunks))
+            raise
+
+    async def astream(self, *args, **kwargs):
+        chunks = 0
+        try:
+            async for chunk in self.engine.astream(*args, **kwargs):
+                chunks += 1
+                yield chunk
+            self.ended.append(("finished", chunks))
+        except (GeneratorExit, asyncio.CancelledError):
+            self.ended.append(("cancelled", chunks))
+            raise
+
+
+@pytest.fixture(scope="module")
+def served():
+    app = create_app(SpyEngine(tiny_engine()), served_model_name=MODEL, api_key=KEY, limits=LIMITS)
+    with running(app) as base:
+        yield app.state.specstruct, base
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(base_url=served[1], headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+        yield c
+
+
+def post(http, body, **kw):
+    return http.post("/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 4, **body}, **kw)
+
+
+def expect(resp, status, param=None, code=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def test_auth(served, http):
+    base = served[1]
+    expect(httpx.post(base + "/chat/completions", json={"model": MODEL, "messages": HI}), 401, code="invalid_api_key")
+    expect(httpx.get(base + "/models", headers={"Authorization": "Bearer wrong"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(base.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    metrics = http.get(base.removesuffix("/v1") + "/metrics")
+    assert metrics.status_code == 200 and "specstruct_requests_total" in metrics.text
+
+
+def test_malformed_bodies(http):
+    expect(http.post("/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}),
+           400, code="invalid_json")
+    expect(http.post("/chat/completions", json=[1, 2]), 400)
+    expect(http.post("/chat/completions", json={"model": MODEL}), 400, param="messages")
+    expect(post(http, {"temperature": 9}), 400, param="temperature")
+    expect(post(http, {"messages": [{"role": "wizard", "content": "x"}]}), 400)
+    expect(post(http, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+           400, param="messages[0].content")
+
+
+def test_unknown_model_and_unhonourable_fields(http):
+    expect(post(http, {"model": "gpt-4o"}), 400, param="model", code="model_not_found")
+    expect(post(http, {"n": 2}), 400, param="n")
+    expect(post(http, {"logprobs": True}), 400, param="logprobs")
+    expect(post(http, {"max_tokens": 301}), 400, param="max_tokens")
+    expect(post(http, {"response_format": {"type": "xml"}}), 400, param="response_format.type")
+    assert post(http, {"n": 1, "logprobs": False, "user": "u", "metadata": {}, "parallel_tool_calls": False,
+                       "stream_options": None, "service_tier": "auto", "store": False}).status_code == 200
+
+
+def test_constraints_that_cannot_be_guaranteed(http):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}}
+    err = expect(post(http, {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}),
+                 400, param="response_format.json_schema.schema", code="unsupported_constraint")
+    assert "not" in err["message"]
+    expect(post(http, {"structured_outputs": {"regex": "[0-9"}}), 400, param="structured_outputs.regex")
+    expect(post(http, {"structured_outputs": {"grammar": "start: nope"}}), 400, param="structured_outputs.grammar")
+    expect(post(http, {"structured_outputs": {"regex": "a", "choice": ["b"]}}), 400, param="structured_outputs")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    expect(post(http, {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400,
+           param="tool_choice")
+    expect(post(http, {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}), 400,
+        param="messages[0].tool_calls[0].function.arguments")
+
+
+def test_prompt_and_body_limits(http):
+    expect(post(http, {"messages": [{"role": "user", "content": "word " * 600}]}), 400,
+           code="context_length_exceeded")
+    expect(post(http, {"messages": [{"role": "user", "content": "x" * 30_000}]}), 413)
+
+
+def test_queue_limit_is_429_with_retry_after(served, http):
+    server, _ = served
+    body = {"model": MODEL, "messages": HI, "max_tokens": 250, "stream": True,
+            "structured_outputs": {"regex": "[ab]{250}"}}  # no early EOS
+    with http.stream("POST", "/chat/completions", json=body) as first, \
+            http.stream("POST", "/chat/completions", json=body) as second:
+        next(first.iter_lines()), next(second.iter_lines())
+        resp = post(http, {})
+        expect(resp, 429, code="overloaded")
+        assert resp.headers["Retry-After"] == "3"
+    wait_idle(server)
+    assert post(http, {}).status_code == 200
+
+
+def wait_idle(server, seconds=20):
+    deadline = time.monotonic() + seconds
+    while (server.admission.count or server.live) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.admission.count == 0 and not server.live
+
+
+def test_client_disconnect_cancels_the_generation(served, http):
+    server, _ = served
+    body = {"model": MODEL, "messages": HI, "max_tokens": 300, "stream": True,
+            "structured_outputs": {"regex": "[ab]{300}"}}
+    server.engine.ended.clear()
+    with http.stream("POST", "/chat/completions", json=body) as resp:
+        lines = (line for line in resp.iter_lines() if line)
+        assert next(lines).startswith("data: ")
+        assert '"content":"' in next(lines)  # generation under way
+    wait_idle(server)
+    deadline = time.monotonic() + 20  # the worker notices the cancellation at its next step
+    while not server.engine.ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (how, chunks), = server.engine.ended
+    assert how == "cancelled" and chunks < 300
+    r = post(http, {"max_tokens": 2})
+    assert r.status_code == 200 and json.loads(r.text)["usage"]["completion_tokens"] == 2
