@@ -180,7 +180,7 @@ def test_default_draft_follows_the_registry(monkeypatch):
 
     calls = []
 
-    def fake_from_pretrained(model, draft=None, config=None):
+    def fake_from_pretrained(model, draft=None, config=None, batch_config=None):
         calls.append((model, draft))
         raise ss.ModelNotFoundError("stop here")
 
