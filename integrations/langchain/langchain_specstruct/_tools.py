@@ -1,243 +1,41 @@
-"""Tool calling for Qwen-style chat templates, enforced by a Lark grammar that llguidance runs.
-
-Qwen2.5 (and Hermes-style templates generally) ask the model to answer a tool call as
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-one block per call, blocks separated by a newline. Left free (tool_choice="auto"), Qwen2.5-Coder usually
-writes a call as a fenced JSON block instead (```json {"name": ..., "arguments": ...} ```), so "auto" also
-accepts that form as a call, constrained the same way. `tool_grammar` turns a list of OpenAI tool dicts and a
-`tool_choice` into a grammar whose calls can only name a bound tool and whose arguments can only match
-that tool's JSON schema (llguidance embeds a JSON schema in Lark with `%json { ... }`). `parse_tool_calls`
-reads the generated text back into LangChain `ToolCall`s, and `ToolCallStreamer` does the same
-incrementally for streaming.
-"""
+"""Tool calling for LangChain: specstruct.tools (the grammar from the tools' schemas, `tool_choice`, parsing
+Qwen's `<tool_call>` format) with its plain call dicts turned into LangChain `ToolCall`s and
+`ToolCallChunk`s. The grammar and parsing logic lives in specstruct.tools, shared with the OpenAI server."""
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from langchain_core.messages.tool import ToolCall, ToolCallChunk, tool_call, tool_call_chunk
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"
-
-# Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that
-# exactly keeps the model on familiar ground and makes the punctuation forced text (free to draft).
-_JSON_FORMAT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-
-_CALL_RE = re.compile(re.escape(OPEN) + r"\s*(\{.*?\})\s*" + re.escape(CLOSE), re.DOTALL)
-_FENCED_RE = re.compile(r"\A\s*```json\s*(\{.*\})\s*```\s*\Z", re.DOTALL)
-
-
-def tool_name(tool: dict[str, Any]) -> str:
-    """The function name of an OpenAI tool dict (`{"type": "function", "function": {...}}`)."""
-    return tool["function"]["name"]
-
-
-def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """The tool's parameter schema, closed at the top level so the model cannot invent arguments."""
-    params = dict(tool["function"].get("parameters") or {})
-    params.setdefault("type", "object")
-    params.setdefault("properties", {})
-    params.setdefault("additionalProperties", False)
-    return params
-
-
-def call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One JSON schema for a call of any of `tools`: `{"name": <const>, "arguments": <its parameters>}`.
-
-    llguidance wants alternatives as one `anyOf` inside a single `%json` rather than as Lark alternatives.
-    """
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool_name(t)}, "arguments": _arguments_schema(t)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    return {"x-guidance": _JSON_FORMAT, "anyOf": variants}
-
-
-def _rust_escape(ch: str) -> str:
-    """Escape one character for a Rust `regex` character class or literal."""
-    return "\\" + ch if ch in "\\.+*?()|[]{}^$#&-~/" else ch
-
-
-def not_prefixed_by(*prefixes: str) -> str:
-    """A regex (no lookarounds: llguidance uses Rust's `regex`) for non-empty text that starts with none of
-    `prefixes`. Built over their trie: at each node, a character that leaves the trie frees the rest of the
-    text; stopping inside the trie is fine unless a whole prefix has been read."""
-    trie: dict = {}
-    for p in prefixes:
-        node = trie
-        for ch in p:
-            node = node.setdefault(ch, {})
-        node[""] = {}  # end of a prefix
-
-    def alternatives(node: dict) -> list[str]:
-        kids = [c for c in node if c]
-        alts = ["[^" + "".join(_rust_escape(c) for c in kids) + "](.|\\n)*"]
-        for c in kids:
-            child = node[c]
-            if "" in child:
-                continue  # a full prefix: nothing that starts here is free text
-            alts.append(_rust_escape(c) + "(" + "|".join(["", *alternatives(child)]) + ")")
-        return alts
-
-    return "(" + "|".join(alternatives(trie)) + ")"
-
-
-def _marker(text: str, special: set[str]) -> str:
-    """A Lark item for a marker: a token reference `<tool_call>` when the tokenizer has it as one added token
-    (llguidance then treats it as a special token whose bytes are not ordinary text), else a string literal."""
-    return text if text in special else json.dumps(text)
-
-
-def special_markers(tokenizer: Any) -> set[str]:
-    """The tool-call markers that `tokenizer` holds as single added tokens. llguidance treats every added
-    token as special, even those HF marks `special=False` (Qwen2.5's `<tool_call>`), so the grammar must
-    name them as tokens: a string literal would be matched against text bytes and reject the token."""
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return {t.content for t in decoder.values() if t.content in (OPEN, CLOSE)}
-
-
-def select_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> tuple[list[dict[str, Any]], str]:
-    """Normalise `tool_choice` to (allowed tools, mode) with mode in {"auto", "required", "none"}.
-
-    Accepts "auto", "any", "required", "none", True (= required), None (= auto), a tool name, or an
-    OpenAI-style `{"type": "function", "function": {"name": ...}}` dict.
-    """
-    tools = list(tools)
-    if tool_choice in (None, "auto"):
-        return tools, "auto"
-    if tool_choice in ("any", "required", True):
-        return tools, "required"
-    if tool_choice in ("none", False):
-        return [], "none"
-    name = tool_choice
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    chosen = [t for t in tools if tool_name(t) == name]
-    if not chosen:
-        raise ValueError(
-            f"tool_choice={tool_choice!r} names no bound tool; bound tools are "
-            f"{[tool_name(t) for t in tools]}. Pass one of those names, or 'auto', 'any' or 'none'."
-        )
-    return chosen, "required"
-
-
-def tool_grammar(
-    tools: Sequence[dict[str, Any]], tool_choice: Any = "auto", tokenizer: Any = None, parallel: bool = True
-) -> str:
-    """The Lark grammar for a reply given bound `tools` and `tool_choice`.
-
-    - "auto": free text that starts with neither `<tool_call>` nor a ```json fence, or one or more
-      `<tool_call>` blocks, or one fenced JSON call;
-    - "any"/"required"/a name: one or more `<tool_call>` blocks (of the named tool only, for a name);
-    - "none": free text that does not start with `<tool_call>`.
-    `parallel=False` allows a single call. `tokenizer` decides whether the markers are special tokens.
-    A newline may follow the last call (Qwen2.5 writes one before EOS; without it, it is forced into
-    another call).
-    """
-    allowed, mode = select_tools(tools, tool_choice)
-    if mode == "none" or not allowed:
-        return f"start: TEXT\nTEXT: /{not_prefixed_by(OPEN)}/\n"
-    special = special_markers(tokenizer) if tokenizer is not None else set()
-    lines = [
-        "start: " + ("TEXT | calls | fenced" if mode == "auto" else "calls"),
-        'calls: call ("\\n" call)* "\\n"?' if parallel else 'calls: call "\\n"?',
-        f'call: {_marker(OPEN, special)} "\\n" body "\\n" {_marker(CLOSE, special)}',
-        "body: %json " + json.dumps(call_schema(allowed)),
-    ]
-    if mode == "auto":
-        lines += [f"fenced: {json.dumps(FENCE_OPEN)} body {json.dumps(FENCE_CLOSE)} \"\\n\"?",
-                  f"TEXT: /{not_prefixed_by(OPEN, FENCE_OPEN)}/"]
-    return "\n".join(lines) + "\n"
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def _load_call(body: str) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"tool call is not valid JSON ({e}): {body!r}") from e
-    return {"name": data["name"], "args": data.get("arguments") or {}}
+from specstruct import tools as _core
+from specstruct.tools import (  # noqa: F401 - re-exported for the chat model and the tests
+    CLOSE,
+    FENCE_CLOSE,
+    FENCE_OPEN,
+    OPEN,
+    call_schema,
+    new_call_id,
+    not_prefixed_by,
+    select_tools,
+    special_markers,
+    tool_grammar,
+    tool_name,
+)
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """Split generated text into (free text, tool calls): `<tool_call>` blocks anywhere, or a reply that is
-    one fenced JSON call. Raises ValueError on a malformed call block."""
-    fenced = _FENCED_RE.match(text)
-    if fenced:
-        data = json.loads(fenced.group(1))
-        if isinstance(data, dict) and set(data) == {"name", "arguments"}:
-            return "", [tool_call(**_load_call(fenced.group(1)), id=new_call_id())]
-    calls = [tool_call(**_load_call(m.group(1)), id=new_call_id()) for m in _CALL_RE.finditer(text)]
-    content = _CALL_RE.sub("", text).strip() if calls else text
-    return content, calls
+    """Split generated text into (free text, LangChain tool calls); see specstruct.tools.parse_tool_calls."""
+    content, calls = _core.parse_tool_calls(text)
+    return content, [tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in calls]
 
 
-@dataclass
-class ToolCallStreamer:
-    """Turns streamed text into (text delta, tool-call chunks) pairs.
+class ToolCallStreamer(_core.ToolCallStreamer):
+    """specstruct's streamer, emitting LangChain `ToolCallChunk`s (name, JSON arguments, id, index)."""
 
-    Text that could still become a call opener is held back; each completed `<tool_call>` block becomes one
-    `ToolCallChunk` (name, JSON arguments, id, index) as soon as its closing tag arrives; a fenced call when
-    the stream ends (`finish`).
-    """
-
-    buffer: str = ""
-    index: int = 0
-    mode: str = "undecided"  # "text", "tags" or "fenced"
-    calls: list[ToolCallChunk] = field(default_factory=list)
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
-        self.buffer += text
-        if self.mode == "undecided":
-            head = self.buffer.lstrip()
-            if head.startswith(OPEN):
-                self.mode = "tags"
-            elif head.startswith(FENCE_OPEN):
-                self.mode = "fenced"
-            elif OPEN.startswith(head) or FENCE_OPEN.startswith(head):
-                return "", []  # could still become a call: wait
-            else:
-                self.mode = "text"
-        if self.mode == "text":
-            out, self.buffer = self.buffer, ""
-            return out, []
-        return "", self._drain() if self.mode == "tags" else []
+    def make_call(self, name: str, arguments: str, call_id: str, index: int) -> ToolCallChunk:
+        return tool_call_chunk(name=name, args=arguments, id=call_id, index=index)
 
     def _chunk(self, call: dict[str, Any]) -> ToolCallChunk:
-        args = json.dumps(call["args"], ensure_ascii=False)
-        chunk = tool_call_chunk(name=call["name"], args=args, id=new_call_id(), index=self.index)
-        self.index += 1
-        self.calls.append(chunk)
-        return chunk
-
-    def _drain(self) -> list[ToolCallChunk]:
-        out = []
-        while (m := _CALL_RE.search(self.buffer)) is not None:
-            out.append(self._chunk(_load_call(m.group(1))))
-            self.buffer = self.buffer[m.end():]
-        return out
-
-    def finish(self) -> tuple[str, list[ToolCallChunk]]:
-        """At the end of the stream: (text still held back, a fenced call if the reply was one)."""
-        buffer, self.buffer = self.buffer, ""
-        if self.mode == "fenced":
-            content, calls = parse_tool_calls(buffer)
-            return content, [self._chunk(c) for c in calls]
-        return ("" if self.mode == "tags" else buffer), []
+        """A LangChain ToolCall (`args`) or a core call (`arguments`) as the next chunk."""
+        return self.add_call({"name": call["name"], "arguments": call.get("args", call.get("arguments")) or {}})

@@ -1,0 +1,105 @@
+"""`specstruct serve`: the OpenAI-compatible HTTP server (specstruct.serving.openai) under uvicorn."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import typer
+
+from specstruct.cli.commands import _DRAFT, _MODEL, _NO_DRAFT, _engine
+from specstruct.cli.support import EXIT_OTHER, EXIT_USAGE, errors, fail
+
+SERVE_HELP = """Serve a model over an OpenAI-compatible HTTP API (chat completions, completions, models, health,
+metrics): structured outputs and tool calls guaranteed by the grammar, sped up by speculation.
+
+Needs the server extra:  pip install "specstruct\\[server]"
+
+[bold]Examples[/bold]
+
+  specstruct serve                                   # qwen2.5-coder-1.5b + its draft on 127.0.0.1:8000
+
+  specstruct serve --model qwen2.5-coder-0.5b --no-draft --port 9000
+
+  SPECSTRUCT_API_KEY=secret specstruct serve --host 0.0.0.0 --served-model-name coder
+
+Then, from Python:
+
+  client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret")
+
+  client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=[...],
+      response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {...}}})
+
+or LangChain:  ChatOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret", model="qwen2.5-coder-1.5b")
+
+Extra request field for what OpenAI's API cannot say:  "structured_outputs": {"regex": "..."}
+(or "json", "choice", "grammar"). Stop with Ctrl-C or SIGTERM."""
+
+
+def _batched_engine(model: str, draft: Optional[str], no_draft: bool, max_batch_size: int) -> Any:
+    """The engine, with its batch size set when this build batches (ss.BatchConfig; else one at a time)."""
+    import specstruct as ss
+
+    engine = _engine(model, draft, no_draft, None)
+    batch_cls = getattr(ss, "BatchConfig", None)
+    if batch_cls is not None and hasattr(engine, "batch_config"):
+        engine.batch_config = batch_cls(max_batch_size=max_batch_size)
+    return engine
+
+
+def serve(
+    model: str = _MODEL, draft: Optional[str] = _DRAFT, no_draft: bool = _NO_DRAFT,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind; 0.0.0.0 exposes it to the network."),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0: any free port)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECSTRUCT_API_KEY", show_envvar=True,
+                                          help="Require 'Authorization: Bearer KEY' on /v1 and /metrics."),
+    max_batch_size: int = typer.Option(8, "--max-batch-size", min=1, help="Most requests decoded together."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
+                                                    help="The model id clients send (default: --model)."),
+    max_tokens_cap: int = typer.Option(4096, "--max-tokens-cap", min=1, help="Largest max_tokens accepted."),
+    default_max_tokens: int = typer.Option(512, "--default-max-tokens", min=1,
+                                           help="max_tokens of a chat request that sends none."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests held at once; more get 429."),
+    request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds before a request is cancelled."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", min=1024, help="Larger bodies get 413."),
+    shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", min=0,
+                                           help="Seconds running requests get to finish on SIGINT/SIGTERM."),
+) -> None:
+    with errors():
+        try:
+            import uvicorn
+
+            from specstruct.serving.openai import ServerLimits, create_app
+        except ImportError as exc:
+            raise fail(f"the server needs its extra ({exc}): pip install \"specstruct[server]\"", EXIT_OTHER) from None
+        if api_key == "":
+            raise fail("--api-key is empty; pass a key or leave it out", EXIT_USAGE)
+        engine = _batched_engine(model, draft, no_draft, max_batch_size)
+        name = served_model_name or model
+        limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
+                              default_max_tokens=min(default_max_tokens, max_tokens_cap),
+                              request_timeout_s=request_timeout, max_queued_requests=max_queue)
+        app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
+        config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),
+                                timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+        _AnnouncingServer(config, name, bool(api_key)).run()
+
+
+class _AnnouncingServer:
+    """uvicorn.Server that prints the URL once it listens (the real port when --port 0)."""
+
+    def __new__(cls, config: Any, name: str, keyed: bool) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                if self.started:
+                    host, port = self.servers[0].sockets[0].getsockname()[:2]
+                    typer.echo(f"specstruct: serving {name!r} at http://{host}:{port}/v1"
+                               f"{' (API key required)' if keyed else ''}; Ctrl-C to stop", err=False)
+
+        return Server(config)
+
+
+serve.__doc__ = SERVE_HELP

@@ -1,0 +1,203 @@
+"""The OpenAI-compatible FastAPI app over one specstruct engine.
+
+    app = create_app(engine, served_model_name="qwen2.5-coder-1.5b", api_key="secret")
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+The engine is reached only through its public API (`stream`/`astream`, `constraint`, `prompt_ids`), so the
+same app serves a single-sequence engine (calls run in worker threads, one at a time) and a batched one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+import fastapi
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specstruct.errors import IncompleteOutputError
+
+from .assemble import Assembler
+from .errors import APIError, bad_request, from_exception
+from .guard import Admission, authorize, parse, read_json
+from .limits import ServerLimits
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import DONE, Shape
+from .runner import chunks, prepare
+from .translate import EngineCall, chat_call, completion_call
+
+
+class _Server:
+    """The per-app state: engine, names, limits, metrics, admission and the cancel flags of live requests."""
+
+    def __init__(self, engine: Any, name: str, api_key: str | None, limits: ServerLimits):
+        self.engine, self.name, self.api_key, self.limits = engine, name, api_key, limits
+        self.metrics, self.admission = Metrics(), Admission(limits)
+        self.live: set[threading.Event] = set()
+
+    # -- one request ------------------------------------------------------------------------------------
+    async def handle(self, request: Request, chat: bool) -> Response:
+        endpoint, started = ("chat" if chat else "completions"), time.perf_counter()
+        admitted = streaming = False
+        status = 200
+        try:
+            authorize(request, self.api_key)
+            body = await read_json(request, self.limits)
+            req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
+            if req.model != self.name:
+                raise bad_request(f"model {req.model!r} is not served here; this server serves {self.name!r} "
+                                  "(GET /v1/models)", "model", "model_not_found")
+            call = (chat_call(req, self.limits, self.engine.tokenizer) if chat
+                    else completion_call(req, self.limits))
+            self.admission.enter()
+            admitted = True
+            self.metrics.in_flight.inc()
+            await prepare(self.engine, call, self.limits)
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            shape = Shape(chat, self.name, include_usage=include_usage and req.stream)
+            if req.stream:
+                streaming = True
+                return StreamingResponse(self._sse(call, shape, endpoint, started), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return JSONResponse(await self._complete(request, call, shape))
+        except APIError as err:
+            status = err.status
+            return err.response()
+        except Exception as exc:  # noqa: BLE001 - the HTTP boundary: an OpenAI error object, never a bare 500
+            err = from_exception(exc, retry_after_s=self.limits.retry_after_s)
+            status = err.status
+            return err.response()
+        finally:
+            if not streaming:
+                self._done(admitted, endpoint, status, started)
+
+    def _done(self, admitted: bool, endpoint: str, status: int, started: float) -> None:
+        if admitted:
+            self.admission.leave()
+            self.metrics.in_flight.dec()
+        self.metrics.finished(endpoint, status, time.perf_counter() - started)
+
+    async def _run(self, call: EngineCall, cancel: threading.Event, asm: Assembler, sink: list) -> None:
+        """Feed every chunk of the call through `asm` into `sink` (deltas), then its last deltas."""
+        cut = None
+        source = chunks(self.engine, call, self.limits, cancel)
+        try:
+            async for chunk in source:
+                sink.extend(asm.feed(chunk))
+        except IncompleteOutputError as e:
+            cut = e
+        finally:
+            await source.aclose()
+        sink.extend(asm.finish(cut))
+        self.metrics.decoded(call.mode, asm.stats)
+
+    async def _complete(self, request: Request, call: EngineCall, shape: Shape) -> dict[str, Any]:
+        cancel, asm, deltas = threading.Event(), Assembler(self.engine.tokenizer, call), []
+        self.live.add(cancel)
+        task = asyncio.ensure_future(self._run(call, cancel, asm, deltas))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.25)
+                if not task.done() and await request.is_disconnected():
+                    raise APIError(499, "the client disconnected; the request was cancelled", code="cancelled")
+            task.result()
+        except BaseException as exc:
+            cancel.set()
+            task.cancel()
+            raise from_exception(exc, constraint_param=call.constraint_param) from exc
+        finally:
+            self.live.discard(cancel)
+        return shape.body(deltas, asm.finish_reason, asm.stats)
+
+    async def _sse(self, call: EngineCall, shape: Shape, endpoint: str, started: float):
+        cancel, asm, status = threading.Event(), Assembler(self.engine.tokenizer, call), 200
+        self.live.add(cancel)
+        source = chunks(self.engine, call, self.limits, cancel)
+        first = True
+        try:
+            if shape.chat:
+                yield shape.chunk({"role": "assistant", "content": ""})
+            cut = None
+            try:
+                async for chunk in source:
+                    for delta in asm.feed(chunk):
+                        if first:
+                            self.metrics.ttft.observe(time.perf_counter() - started)
+                            first = False
+                        yield shape.chunk(delta)
+            except IncompleteOutputError as e:
+                cut = e
+            for delta in asm.finish(cut):
+                yield shape.chunk(delta)
+            self.metrics.decoded(call.mode, asm.stats)
+            yield shape.chunk({}, asm.finish_reason, asm.stats)
+            if shape.include_usage:
+                yield shape.usage_chunk(asm.stats)
+            yield DONE
+        except Exception as exc:  # noqa: BLE001 - mid-stream: an error event, then [DONE]
+            err = from_exception(exc, constraint_param=call.constraint_param)
+            status = err.status
+            yield shape.error_chunk(err.body())
+            yield DONE
+        finally:  # also on client disconnect (the response task is cancelled): cancel the generation
+            cancel.set()
+            self.live.discard(cancel)
+            await source.aclose()
+            self._done(True, endpoint, status, started)
+
+    def cancel_all(self) -> None:
+        for flag in list(self.live):
+            flag.set()
+
+
+def create_app(engine: Any, *, served_model_name: str, api_key: str | None = None,
+               limits: ServerLimits | None = None) -> fastapi.FastAPI:
+    """The OpenAI-compatible app serving `engine` under `served_model_name`. With `api_key`, every /v1 route and
+    /metrics require `Authorization: Bearer <api_key>` (GET /health does not)."""
+    server = _Server(engine, served_model_name, api_key, limits or ServerLimits())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: fastapi.FastAPI):
+        yield
+        server.cancel_all()  # shutdown: running generations stop at their next step
+
+    app = fastapi.FastAPI(title="specstruct", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.specstruct = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, err: APIError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).response()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await server.handle(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await server.handle(request, chat=False)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "specstruct"}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        authorize(request, api_key)
+        return Response(server.metrics.scrape(engine), media_type=server.metrics.content_type)
+
+    return app

@@ -1,0 +1,51 @@
+"""OpenAI-style error objects (`{"error": {"message", "type", "param", "code"}}`) and the mapping from
+specstruct's exceptions to HTTP statuses: bad input is a 4xx naming the problem, never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from specstruct import errors as ss_errors
+
+
+class APIError(Exception):
+    """An error the server answers with: HTTP status plus OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def overloaded(retry_after_s: float, message: str | None = None) -> APIError:
+    seconds = max(1, int(round(retry_after_s)))
+    return APIError(429, message or "the server is at its queue limit; retry after the Retry-After delay",
+                    type="rate_limit_error", code="overloaded", headers={"Retry-After": str(seconds)})
+
+
+def from_exception(exc: BaseException, *, constraint_param: str | None = None, retry_after_s: float = 1) -> APIError:
+    """The APIError for an exception raised while preparing or running a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if type(exc).__name__ == "OverloadedError" or hasattr(exc, "retry_after_s"):
+        return overloaded(getattr(exc, "retry_after_s", None) or retry_after_s, str(exc) or None)
+    if isinstance(exc, ss_errors.ConstraintError):
+        return bad_request(str(exc), constraint_param, "unsupported_constraint")
+    if isinstance(exc, ss_errors.PromptTooLongError):
+        return bad_request(str(exc), "messages", "context_length_exceeded")
+    if isinstance(exc, ss_errors.ValidationRetryError):
+        return APIError(500, f"the output failed validation: {exc}", type="server_error", code="validation_failed")
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")

@@ -1,0 +1,72 @@
+"""What every request passes before it reaches the engine: the API key (constant-time), the body size limit,
+JSON and schema parsing (400 naming the field, never FastAPI's 422), and admission (429 past the queue)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from .errors import APIError, bad_request, overloaded
+from .limits import ServerLimits
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def authorize(request: Request, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else ""
+    if not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                       type="authentication_error", code="invalid_api_key")
+
+
+async def read_json(request: Request, limits: ServerLimits) -> Any:
+    """The body as JSON; 413 past `limits.max_body_bytes` (checked on the header and while reading)."""
+    too_big = APIError(413, f"the request body is over this server's limit of {limits.max_body_bytes} bytes",
+                       code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise too_big
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limits.max_body_bytes:
+            raise too_big
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON ({e})", code="invalid_json") from None
+
+
+def parse(model: type[M], body: Any) -> M:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or None
+        raise bad_request(f"{where}: {err['msg']}" if where else err["msg"], where, "invalid_value") from None
+
+
+class Admission:
+    """Counts requests in the server; past `max_queued_requests` a new one gets 429 with Retry-After."""
+
+    def __init__(self, limits: ServerLimits):
+        self.limits, self.count = limits, 0
+
+    def enter(self) -> None:
+        if self.count >= self.limits.max_queued_requests:
+            raise overloaded(self.limits.retry_after_s,
+                             f"the server already holds {self.count} requests (its queue limit); retry later")
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1

@@ -1,0 +1,101 @@
+"""Request bodies of the OpenAI API, as Pydantic models. Unknown fields are accepted and ignored (clients send
+many harmless ones); fields the server cannot honour are refused by `refuse_unsupported` with a 400."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import bad_request
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class FunctionDef(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[Any] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class _Sampling(_Open):
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    def stop_list(self) -> list[str] | None:
+        return [self.stop] if isinstance(self.stop, str) else (self.stop or None)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+def refuse_unsupported(req: _Sampling) -> None:
+    """400 for a field whose value the server cannot honour (rather than silently ignoring it)."""
+    if req.n not in (None, 1):
+        raise bad_request(f"n={req.n} is not supported: this server returns one choice per request; send n=1 "
+                          "or several requests", "n")
+    logprobs = getattr(req, "logprobs", None)
+    if logprobs not in (None, False, 0):
+        raise bad_request("logprobs are not supported by this server; omit logprobs or set it to false", "logprobs")
+    if getattr(req, "top_logprobs", None):
+        raise bad_request("top_logprobs is not supported by this server; omit it", "top_logprobs")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise bad_request(f"{name} is not supported by this server; omit it or send 0", name)
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported by this server; use structured_outputs to restrict the "
+                          "output instead", "logit_bias")
+    if getattr(req, "echo", False):
+        raise bad_request("echo=true is not supported by this server", "echo")
+    if getattr(req, "best_of", None) not in (None, 1):
+        raise bad_request("best_of > 1 is not supported by this server", "best_of")
+    if getattr(req, "suffix", None):
+        raise bad_request("suffix (insertion) is not supported by this server", "suffix")

@@ -1,0 +1,166 @@
+"""OpenAI request -> one specstruct call: the chat messages, the output type (response_format,
+structured_outputs or the tool-call grammar) and the sampling keywords."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import specstruct as ss
+from specstruct import tools as tool_core
+
+from .errors import bad_request
+from .limits import ServerLimits
+from .protocol import ChatCompletionRequest, CompletionRequest, Message, refuse_unsupported
+
+
+@dataclass
+class EngineCall:
+    """A request resolved for `engine.stream(prompt, output_type, tools=..., **kwargs)`."""
+
+    prompt: Any
+    output_type: Any = None
+    tools: list[dict[str, Any]] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    constraint_param: str | None = None  # the request field a ConstraintError is about
+    mode: str = "text"  # text | json | regex | choice | grammar | tools (metrics label)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.kwargs["max_new_tokens"]
+
+
+def _max_tokens(value: int | None, limits: ServerLimits, param: str) -> int:
+    if value is None:
+        return min(limits.default_max_tokens, limits.max_tokens_cap)
+    if value > limits.max_tokens_cap:
+        raise bad_request(f"{param}={value} is over this server's cap of {limits.max_tokens_cap}; ask for fewer",
+                          param)
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """The text of a message's content: a string, or the text parts of a content list (other parts: 400)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise bad_request(f"{where}.content[{i}] is a {kind!r} part; this server reads text parts only",
+                              f"{where}.content")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _arguments(raw: Any, where: str) -> dict[str, Any]:
+    """A call's arguments as the dict chat templates want (OpenAI sends a JSON string)."""
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except (TypeError, json.JSONDecodeError) as e:
+        raise bad_request(f"{where}.function.arguments is not valid JSON ({e})", f"{where}.function.arguments")
+    if not isinstance(value, dict):
+        raise bad_request(f"{where}.function.arguments must encode a JSON object", f"{where}.function.arguments")
+    return value
+
+
+def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the dicts Hugging Face chat templates render (arguments as dicts, `developer` as
+    `system`, a legacy `function` message as `tool`)."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        item: dict[str, Any] = {"role": role, "content": _text(m.content, where)}
+        if m.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.get("id"), "type": "function",
+                 "function": {"name": (c.get("function") or {}).get("name"),
+                              "arguments": _arguments((c.get("function") or {}).get("arguments"),
+                                                      f"{where}.tool_calls[{j}]")}}
+                for j, c in enumerate(m.tool_calls)]
+        if m.tool_call_id:
+            item["tool_call_id"] = m.tool_call_id
+        if m.name and role not in ("user", "system"):
+            item["name"] = m.name
+        out.append(item)
+    return out
+
+
+def structured_output_type(response_format: dict | None, structured: dict | None) -> tuple[Any, str, str | None]:
+    """(output type, mode, request field) for `response_format` / the extra `structured_outputs`."""
+    if structured:
+        keys = [k for k in ("json", "regex", "choice", "grammar") if structured.get(k) is not None]
+        if len(keys) != 1:
+            raise bad_request("structured_outputs takes exactly one of json, regex, choice, grammar",
+                              "structured_outputs")
+        key, value = keys[0], structured[keys[0]]
+        param = f"structured_outputs.{key}"
+        if key == "json":
+            try:
+                value = json.loads(value) if isinstance(value, str) else value
+            except json.JSONDecodeError as e:
+                raise bad_request(f"structured_outputs.json is not valid JSON ({e})", param)
+            if not isinstance(value, dict):
+                raise bad_request("structured_outputs.json must be a JSON schema object", param)
+            return value, "json", param
+        if key == "choice":
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise bad_request("structured_outputs.choice must be a non-empty list of strings", param)
+            return ss.Choice(value), "choice", param
+        if not isinstance(value, str):
+            raise bad_request(f"{param} must be a string", param)
+        return (ss.Regex(value), "regex", param) if key == "regex" else (ss.Grammar(value), "grammar", param)
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None, "text", None
+    if kind == "json_object":
+        return {"type": "object"}, "json", "response_format"
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                              "response_format.json_schema.schema")
+        return schema, "json", "response_format.json_schema.schema"
+    raise bad_request(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+                      "response_format.type")
+
+
+def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) -> EngineCall:
+    refuse_unsupported(req)
+    max_new = _max_tokens(req.max_completion_tokens or req.max_tokens,
+                          limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+    output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    if tools and req.tool_choice != "none":
+        if output_type is not None:
+            raise bad_request("send either tools or a structured response format in one request, not both",
+                              "response_format")
+        try:
+            grammar = tool_core.tool_grammar(tools, req.tool_choice, tokenizer,
+                                             parallel=req.parallel_tool_calls is not False)
+        except ValueError as e:
+            raise bad_request(str(e), "tool_choice")
+        output_type, mode, param = ss.Grammar(grammar, instruction=""), "tools", "tools"
+    elif req.tool_choice not in (None, "none", "auto"):
+        raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
+    kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                  stop=req.stop_list() if output_type is None else None)  # stop strings would cut a constraint
+    return EngineCall(chat_messages(req.messages), output_type, tools, kwargs, param, mode)
+
+
+def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
+    refuse_unsupported(req)
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise bad_request("send one prompt per request (a list of several prompts is not supported)", "prompt")
+        prompt = prompt[0]
+    output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
+    kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
+                  top_p=req.top_p, seed=req.seed, stop=req.stop_list() if output_type is None else None)
+    return EngineCall(prompt, output_type, None, kwargs, param, mode)
