@@ -37,11 +37,16 @@ class Pretrained:
     model: str
     draft: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    batch: dict[str, Any] = field(default_factory=dict)  # BatchConfig keys, for engines that batch
 
     def __call__(self):
         from specstruct.api import SpecStruct
 
-        return SpecStruct.from_pretrained(self.model, draft=self.draft, decoding_params=dict(self.config))
+        import inspect
+
+        batching = "batch_config" in inspect.signature(SpecStruct.from_pretrained).parameters
+        kwargs = {"batch_config": dict(self.batch)} if self.batch and batching else {}
+        return SpecStruct.from_pretrained(self.model, draft=self.draft, decoding_params=dict(self.config), **kwargs)
 
     @property
     def name(self) -> str:
@@ -65,18 +70,38 @@ def model_name(factory: Callable[[], Any]) -> str:
     return getattr(factory, "name", None) or getattr(factory, "__name__", None) or type(factory).__name__
 
 
+def _run_one(engine: Any, prompt: Any, output_type: Any) -> Any:
+    try:
+        return engine.run(prompt, output_type)
+    except Exception as exc:  # noqa: BLE001 - recorded per row by the caller
+        return exc
+
+
 def run_batch(engine: Any, prompts: Sequence[Any], output_type: Any) -> list[Any]:
     """One Result (or the exception it raised) per prompt, in order; never raises for one bad prompt.
 
-    Uses the engine's batched `generate_many` when it has one (all prompts decode concurrently), else `run` in turn.
-    """
-    many = getattr(engine, "generate_many", None)
-    if many is not None:
-        return list(many(list(prompts), output_type, progress=False, return_exceptions=True))
-    out: list[Any] = []
-    for prompt in prompts:
-        try:
-            out.append(engine.run(prompt, output_type))
-        except Exception as exc:  # noqa: BLE001 - recorded per row by the caller
-            out.append(exc)
-    return out
+    A batching engine (one with `batch_config`, whose scheduler decodes concurrent calls together) gets every prompt
+    at once, as `generate_many` feeds it; `run` is called rather than `generate_many` because a row needs the
+    Result (raw text, finish reason, stats), not only the value. Other engines run the prompts in turn."""
+    batch = getattr(engine, "batch_config", None)
+    if batch is None or len(prompts) < 2:
+        return [_run_one(engine, p, output_type) for p in prompts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(len(prompts), batch.max_batch_size + max(1, min(batch.max_queue, batch.max_batch_size)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="specstruct-ray") as pool:
+        return list(pool.map(lambda p: _run_one(engine, p, output_type), prompts))
+
+
+def check_engine(engine: Any) -> None:
+    """Raise when the engine can no longer serve: its scheduler was closed or its loop thread died (batching
+    engines). Ray Serve calls this through the replica's `check_health` and replaces a replica that fails it."""
+    scheduler = getattr(engine, "scheduler", None)
+    if scheduler is None:
+        return
+    closed = getattr(scheduler, "_closed", None)
+    if closed is not None:
+        raise RuntimeError(f"the engine's scheduler is closed ({closed!r})")
+    thread = getattr(scheduler, "_thread", None)
+    if thread is not None and not thread.is_alive():
+        raise RuntimeError("the engine's decode loop thread has stopped")
