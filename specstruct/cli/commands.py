@@ -165,7 +165,7 @@ def extract(
     model: str = _MODEL, draft: Optional[str] = _DRAFT, no_draft: bool = _NO_DRAFT,
     stats: bool = _STATS, max_new_tokens: Optional[int] = _MAX,
     ray: bool = typer.Option(False, "--ray", help="Bulk: every line of --input on a Ray cluster (RAY_ADDRESS, "
-                             "else a local one); needs pip install \"specstruct[ray]\"."),
+                             "else a local one); needs pip install \"specstruct\\[ray]\"."),
     input_: Optional[str] = typer.Option(None, "--input", help="--ray: JSON-lines file, one object with a "
                                          "\"text\" field per line."),
     output: Optional[str] = typer.Option(None, "--output", help="--ray: JSON-lines file written in input order "
@@ -181,7 +181,7 @@ def extract(
     with errors():
         schema_obj = load_schema(schema)
         if ray or input_ or output:
-            from specstruct.serving.ray.jobs import run_cli_job
+            from specstruct.serving.ray.cli import run_cli_job
 
             return run_cli_job(schema_obj, input_, output, text, model, draft, no_draft, max_new_tokens, actors,
                                EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj)))

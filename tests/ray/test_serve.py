@@ -98,3 +98,12 @@ def test_build_app_passes_autoscaling_and_resources_through(ray_cluster):
     assert cfg.max_ongoing_requests == 6
     assert cfg.autoscaling_config.max_replicas == 4 and cfg.autoscaling_config.target_ongoing_requests == 3
     assert app._bound_deployment.ray_actor_options["num_cpus"] == 2
+
+
+def test_cli_replicas_without_ray_is_a_usage_error():
+    from typer.testing import CliRunner
+
+    from specstruct.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--replicas", "2"])
+    assert res.exit_code == 2 and "go with --ray" in res.output, res.output

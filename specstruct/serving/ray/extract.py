@@ -61,9 +61,11 @@ def make_prompt(text: Any, template: str | Callable[[str], Any], system: str | N
     """The chat messages for one row; BadInputError when the row has no usable text."""
     if text is None:
         raise BadInputError("the row has no text (null): fix or drop this row")
-    if not isinstance(text, str) or not text.strip():
-        raise BadInputError(f"the row's text is {type(text).__name__} {str(text)[:40]!r}, not a non-empty string: "
-                            "fix or drop this row")
+    if not isinstance(text, str):
+        raise BadInputError(f"the row's text is a {type(text).__name__} ({str(text)[:40]!r}), not a string: fix or "
+                            "drop this row")
+    if not text.strip():
+        raise BadInputError("the row's text is empty: fix or drop this row")
     user = template(text) if callable(template) else template.replace("{text}", text)
     messages = [{"role": "user", "content": user}] if isinstance(user, str) else list(user)
     return ([{"role": "system", "content": system}] + messages) if system else messages

@@ -1,4 +1,4 @@
-"""`specstruct extract --ray`: a JSON-lines file in, a JSON-lines file out, through `extract` on a Ray cluster.
+"""A JSON-lines file in, a JSON-lines file out, through `extract` on a Ray cluster (`specstruct extract --ray`).
 
 Connects to the cluster named by RAY_ADDRESS (or `ray start --head` on this machine), else starts a local one.
 """
@@ -59,37 +59,3 @@ def write_jsonl(results: Any, output_path: str, *, total: int | None = None, pro
             bar.set_postfix(errors=errors, refresh=False)
     return {"rows": rows, "errors": errors}
 
-
-def resolve_draft(model: str, draft: str | None, no_draft: bool) -> str | None:
-    """The draft the CLI uses: --draft, else the registry's pulled default pair, else none."""
-    from specstruct import models
-
-    if no_draft:
-        return None
-    if draft is None and model in models.REGISTRY:
-        draft = models.REGISTRY[model].default_draft
-        if draft and not models.is_pulled(draft):
-            return None
-    return draft
-
-
-def run_cli_job(schema: dict[str, Any], input_path: str | None, output_path: str | None, text: str | None,
-                model: str, draft: str | None, no_draft: bool, max_new_tokens: int | None, actors: int,
-                system: str) -> None:
-    """The body of `specstruct extract --ray`: check the options, run, print a one-line summary on stderr."""
-    import typer
-
-    from specstruct.cli.support import EXIT_USAGE, fail
-
-    if text is not None:
-        raise fail("--text reads one document; with --ray pass --input FILE.jsonl instead", EXIT_USAGE)
-    if not input_path or not output_path:
-        raise fail("--ray needs --input FILE.jsonl and --output FILE.jsonl", EXIT_USAGE)
-    if draft is not None and no_draft:
-        raise fail("--draft and --no-draft exclude each other", EXIT_USAGE)
-    if not Path(input_path).is_file():
-        raise fail(f"--input file {input_path!r} not found", EXIT_USAGE)
-    config = {"max_new_tokens": max_new_tokens} if max_new_tokens else None
-    summary = extract_jsonl(input_path, output_path, schema, model=model, draft=resolve_draft(model, draft, no_draft),
-                            config=config, system=system, prompt="Text:\n{text}", actors=actors)
-    typer.echo(f"{summary['rows']} rows, {summary['errors']} errors -> {output_path}", err=True)

@@ -94,3 +94,34 @@ def build_app(model: str | Callable[[], Any], *, draft: str | None = None, confi
         options["num_replicas"] = replicas
     deployment = serve.deployment(SpecStructReplica).options(**options)
     return deployment.bind(factory, served_model_name or model_name(factory), api_key, app_limits)
+
+
+def serve_until_interrupted(app: Any, *, host: str, port: int, name: str = "specstruct",
+                            announce: Callable[[str], None] = print, timeout_s: float = 900.0) -> None:
+    """`specstruct serve --ray`: run `app` on the cluster (RAY_ADDRESS, else a local one) behind Serve's HTTP proxy
+    on host:port, announce the URL once every replica is up, and shut the app down on Ctrl-C/SIGTERM."""
+    import signal
+    import time
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=name, route_prefix="/", blocking=False)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (status := serve.status().applications.get(name)) is None or status.status != "RUNNING":
+            if status is not None and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"the Ray Serve app failed to start: {status.message or status.status}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the replicas were not up after {timeout_s:.0f} s (status {status})")
+            time.sleep(1)
+        announce(f"specstruct: serving on Ray at http://{host}:{port}/v1; Ctrl-C to stop")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.delete(name)
