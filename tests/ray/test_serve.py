@@ -107,3 +107,12 @@ def test_cli_replicas_without_ray_is_a_usage_error():
 
     res = CliRunner().invoke(app, ["serve", "--replicas", "2"])
     assert res.exit_code == 2 and "go with --ray" in res.output, res.output
+
+
+def test_app_builder_takes_string_arguments_as_serve_run_passes_them(ray_cluster, tiny_folders):
+    from specstruct.serving.ray.serve import app_builder
+
+    app = app_builder({"model": tiny_folders[0], "replicas": "3", "num_cpus": "0.5", "max_batch_size": "2"})
+    bound = app._bound_deployment
+    assert bound._deployment_config.num_replicas == 3 and bound._deployment_config.max_ongoing_requests == 4
+    assert bound.ray_actor_options["num_cpus"] == 0.5

@@ -96,6 +96,29 @@ def build_app(model: str | Callable[[], Any], *, draft: str | None = None, confi
     return deployment.bind(factory, served_model_name or model_name(factory), api_key, app_limits)
 
 
+_INT_ARGS, _FLOAT_ARGS = ("replicas", "max_batch_size", "max_ongoing_requests", "max_queued_requests"), \
+    ("num_cpus", "num_gpus")
+
+
+def app_builder(args: dict[str, Any]) -> "serve.Application":
+    """`build_app` from string arguments, for Ray's own launchers:
+
+        serve run specstruct.serving.ray.serve:app_builder model=qwen2.5-coder-1.5b draft=qwen2.5-coder-0.5b replicas=2
+
+    and a Serve config file or KubeRay RayService `serveConfigV2` (import_path: specstruct.serving.ray.serve:app_builder,
+    args: {model: ..., replicas: ...}). Keys: build_app's keyword arguments; numbers may be given as strings."""
+    kwargs = dict(args)
+    if "model" not in kwargs:
+        raise ValueError("app_builder needs model=<registry name, folder or hub id>")
+    for key in _INT_ARGS:
+        if key in kwargs:
+            kwargs[key] = int(kwargs[key])
+    for key in _FLOAT_ARGS:
+        if key in kwargs:
+            kwargs[key] = float(kwargs[key])
+    return build_app(kwargs.pop("model"), **kwargs)
+
+
 def serve_until_interrupted(app: Any, *, host: str, port: int, name: str = "specstruct",
                             announce: Callable[[str], None] = print, timeout_s: float = 900.0) -> None:
     """`specstruct serve --ray`: run `app` on the cluster (RAY_ADDRESS, else a local one) behind Serve's HTTP proxy
