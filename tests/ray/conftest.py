@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-ray = pytest.importorskip("ray", reason='ray is not installed: pip install -e ".[ray]" to run the Ray tests')
+SKIP_REASON = 'ray is not installed: pip install -e ".[ray]" to run the Ray tests'
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Started once for all Ray test modules (startup takes ~10 s on 2 cores); shut down at the end."""
+    ray = pytest.importorskip("ray", reason=SKIP_REASON)
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})

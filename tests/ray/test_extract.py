@@ -10,6 +10,8 @@ import pytest
 
 import specstruct.serving.ray as ssr
 
+pytest.importorskip("ray.data", reason='ray[data] is not installed: pip install -e ".[ray]" to run the Ray tests')
+
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                            "maximum": 9}},
           "required": ["ok", "n"]}

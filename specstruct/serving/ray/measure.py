@@ -20,9 +20,8 @@ from typing import Any
 
 import psutil
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
-                         "city": {"type": "string", "maxLength": 30}}}
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}}}
 PEOPLE = [("Ada Lovelace", 36, "London"), ("Grace Hopper", 85, "New York"), ("Alan Turing", 41, "Manchester"),
           ("Katherine Johnson", 101, "Hampton"), ("Edsger Dijkstra", 72, "Nuenen"), ("Barbara Liskov", 84, "Boston"),
           ("Donald Knuth", 86, "Stanford"), ("Frances Allen", 88, "Peru")]
@@ -115,19 +114,19 @@ def main() -> None:
     ap.add_argument("--draft", default=None)
     ap.add_argument("--rows", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--actors", default="1,2", help="comma-separated actor counts to run")
     ap.add_argument("--cpus", type=int, default=2, help="CPUs for the whole job (split among actors)")
     ap.add_argument("--skip-alone", action="store_true")
     args = ap.parse_args()
     import ray
 
+    results = [] if args.skip_alone else [alone(args)]  # first, before Ray's processes share the cores
+    if results:
+        print(json.dumps(results[-1]), flush=True)
     if args.actors:
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    results = [] if args.skip_alone else [alone(args)]
-    if results:
-        print(json.dumps(results[-1]), flush=True)
     for n in (int(a) for a in args.actors.split(",") if a):
         results.append(on_ray(args, n))
         print(json.dumps(results[-1]), flush=True)
