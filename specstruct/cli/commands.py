@@ -172,17 +172,33 @@ EXTRACT_SYSTEM = ("You extract structured data from text. Reply with one JSON ob
 @app.command()
 def extract(
     schema: str = typer.Option(..., "--schema", help="JSON schema file of the object to extract."),
-    text: str = typer.Option(..., "--text", help="File with the text, or '-' for stdin."),
+    text: Optional[str] = typer.Option(None, "--text", help="File with the text, or '-' for stdin."),
     model: str = _MODEL, draft: Optional[str] = _DRAFT, no_draft: bool = _NO_DRAFT,
     stats: bool = _STATS, max_new_tokens: Optional[int] = _MAX,
+    ray: bool = typer.Option(False, "--ray", help="Bulk: every line of --input on a Ray cluster (RAY_ADDRESS, "
+                             "else a local one); needs pip install \"specstruct\\[ray]\"."),
+    input_: Optional[str] = typer.Option(None, "--input", help="--ray: JSON-lines file, one object with a "
+                                         "\"text\" field per line."),
+    output: Optional[str] = typer.Option(None, "--output", help="--ray: JSON-lines file written in input order "
+                                         "(value, raw_text, error, stats per line)."),
+    actors: int = typer.Option(1, "--actors", min=1, help="--ray: engines (one per Ray actor)."),
 ) -> None:
     """Extract a typed JSON object from a text; prints JSON valid against the schema on stdout.
 
     Example:  cat email.txt | specstruct extract --schema invoice.json --text -
+
+    Bulk:     specstruct extract --ray --input docs.jsonl --schema schema.json --output out.jsonl --actors 2
     """
     with errors():
         schema_obj = load_schema(schema)
         _check(schema_obj)
+        if ray or input_ or output:
+            from specstruct.serving.ray.cli import run_cli_job
+
+            return run_cli_job(schema_obj, input_, output, text, model, draft, no_draft, max_new_tokens, actors,
+                               EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj)))
+        if text is None:
+            raise fail("--text is required (or --ray --input FILE --output FILE for a JSON-lines file)", EXIT_USAGE)
         body = read_text(text, "--text")
         engine = _engine(model, draft, no_draft, max_new_tokens)
         system = EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj))

@@ -62,8 +62,18 @@ def serve(
                                         help="Plain target-only decoding (for A/B measurements)."),
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", min=0,
                                            help="Seconds running requests get to finish on SIGINT/SIGTERM."),
+    ray: bool = typer.Option(False, "--ray", help="Serve N replicas on Ray Serve (RAY_ADDRESS, else a local "
+                             "cluster); needs pip install \"specstruct\\[ray]\"."),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="--ray: engines behind the one endpoint."),
+    num_cpus: Optional[float] = typer.Option(None, "--num-cpus", min=0, help="--ray: CPUs per replica (its torch "
+                                             "threads); default 1."),
+    num_gpus: Optional[float] = typer.Option(None, "--num-gpus", min=0, help="--ray: GPUs per replica."),
 ) -> None:
     with errors():
+        if ray or replicas != 1 or num_cpus is not None or num_gpus is not None:
+            from specstruct.serving.ray.cli import serve_on_ray
+
+            return serve_on_ray(**locals())
         try:
             import uvicorn
 

@@ -1,0 +1,68 @@
+"""The bodies of `specstruct extract --ray` and `specstruct serve --ray`: option checks, then the Ray entry points.
+The typer commands (specstruct/cli) call these, so the CLI package never imports ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from specstruct.cli.support import EXIT_USAGE, fail
+
+
+def resolve_draft(model: str, draft: Optional[str], no_draft: bool) -> Optional[str]:
+    """The draft the CLI uses: --draft, else the registry's default pair when pulled, else none."""
+    from specstruct import models
+
+    if draft is not None and no_draft:
+        raise fail("--draft and --no-draft exclude each other", EXIT_USAGE)
+    if no_draft:
+        return None
+    if draft is None and model in models.REGISTRY:
+        draft = models.REGISTRY[model].default_draft
+        if draft and not models.is_pulled(draft):
+            return None
+    return draft
+
+
+def run_cli_job(schema: dict[str, Any], input_path: Optional[str], output_path: Optional[str], text: Optional[str],
+                model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Optional[int], actors: int,
+                system: str) -> None:
+    """`specstruct extract --ray`: check the options, run, print a one-line summary on stderr."""
+    if text is not None:
+        raise fail("--text reads one document; with --ray pass --input FILE.jsonl instead", EXIT_USAGE)
+    if not input_path or not output_path:
+        raise fail("--ray needs --input FILE.jsonl and --output FILE.jsonl", EXIT_USAGE)
+    if not Path(input_path).is_file():
+        raise fail(f"--input file {input_path!r} not found", EXIT_USAGE)
+    from specstruct.serving.ray.jobs import extract_jsonl
+
+    config = {"max_new_tokens": max_new_tokens} if max_new_tokens else None
+    summary = extract_jsonl(input_path, output_path, schema, model=model, draft=resolve_draft(model, draft, no_draft),
+                            config=config, system=system, prompt="Text:\n{text}", actors=actors)
+    typer.echo(f"{summary['rows']} rows, {summary['errors']} errors -> {output_path}", err=True)
+
+
+def serve_on_ray(*, ray: bool, model: str, draft: Optional[str], no_draft: bool, host: str, port: int,
+                 api_key: Optional[str], max_batch_size: int, served_model_name: Optional[str], max_tokens_cap: int,
+                 default_max_tokens: int, max_queue: int, request_timeout: float, max_body_bytes: int,
+                 replicas: int, num_cpus: Optional[float], num_gpus: Optional[float], **_: Any) -> None:
+    """`specstruct serve --ray`: the same app and limits as `specstruct serve`, on `replicas` Ray Serve replicas.
+    --max-queue becomes Ray's max_queued_requests (503 past it); each replica takes 2 x --max-batch-size."""
+    if not ray:
+        raise fail("--replicas, --num-cpus and --num-gpus go with --ray", EXIT_USAGE)
+    if api_key == "":
+        raise fail("--api-key is empty; pass a key or leave it out", EXIT_USAGE)
+    from specstruct.serving.openai import ServerLimits
+    from specstruct.serving.ray.engines import require_ray
+
+    require_ray()
+    from specstruct.serving.ray.serve import build_app, serve_until_interrupted
+
+    limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
+                          default_max_tokens=min(default_max_tokens, max_tokens_cap), request_timeout_s=request_timeout)
+    app = build_app(model, draft=resolve_draft(model, draft, no_draft), served_model_name=served_model_name or model,
+                    api_key=api_key, limits=limits, replicas=replicas, num_cpus=1 if num_cpus is None else num_cpus,
+                    num_gpus=num_gpus, max_batch_size=max_batch_size, max_queued_requests=max_queue)
+    serve_until_interrupted(app, host=host, port=port, announce=lambda line: typer.echo(line))

@@ -1,0 +1,107 @@
+"""How a Ray worker gets its engine, and how it feeds the engine a whole batch.
+
+A Ray actor or Serve replica is started from a pickled description, so the engine is described by a *factory*: a
+picklable callable that returns a SpecStruct. `Pretrained` is the one users need (a model name, folder or hub id, an
+optional draft and SpecConfig keys); any other module-level function or class instance returning a SpecStruct works
+too (tests pass one that builds tiny offline models)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+INSTALL_HINT = 'Ray is not installed: pip install "specstruct[ray]"'
+
+
+def require_ray():
+    """Import ray, or raise ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    return ray
+
+
+@runtime_checkable
+class EngineFactory(Protocol):
+    """A picklable callable that builds one engine; called once per Ray actor or Serve replica."""
+
+    def __call__(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """`SpecStruct.from_pretrained(model, draft, decoding_params=config)` on the worker: registry name, local folder,
+    .gguf file or hub id. The model must be reachable from every node (pulled there, or on a shared filesystem)."""
+
+    model: str
+    draft: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    batch: dict[str, Any] = field(default_factory=dict)  # BatchConfig keys, for engines that batch
+
+    def __call__(self):
+        from specstruct.api import SpecStruct
+
+        import inspect
+
+        batching = "batch_config" in inspect.signature(SpecStruct.from_pretrained).parameters
+        kwargs = {"batch_config": dict(self.batch)} if self.batch and batching else {}
+        return SpecStruct.from_pretrained(self.model, draft=self.draft, decoding_params=dict(self.config), **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+
+def engine_factory(model: str | Callable[[], Any], draft: str | None = None,
+                   config: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """A model name becomes `Pretrained(model, draft, config)`; a callable is returned as it is."""
+    if callable(model):
+        if draft is not None or config:
+            raise ValueError("draft= and config= go with a model name; an engine factory builds its own engine")
+        return model
+    if not isinstance(model, str) or not model:
+        raise TypeError(f"model must be a model name/folder or an engine factory (a callable), got {model!r}")
+    return Pretrained(model, draft, dict(config or {}))
+
+
+def model_name(factory: Callable[[], Any]) -> str:
+    """What to call the served model when the user did not say."""
+    return getattr(factory, "name", None) or getattr(factory, "__name__", None) or type(factory).__name__
+
+
+def _run_one(engine: Any, prompt: Any, output_type: Any) -> Any:
+    try:
+        return engine.run(prompt, output_type)
+    except Exception as exc:  # noqa: BLE001 - recorded per row by the caller
+        return exc
+
+
+def run_batch(engine: Any, prompts: Sequence[Any], output_type: Any) -> list[Any]:
+    """One Result (or the exception it raised) per prompt, in order; never raises for one bad prompt.
+
+    A batching engine (one with `batch_config`, whose scheduler decodes concurrent calls together) gets every prompt
+    at once, as `generate_many` feeds it; `run` is called rather than `generate_many` because a row needs the
+    Result (raw text, finish reason, stats), not only the value. Other engines run the prompts in turn."""
+    batch = getattr(engine, "batch_config", None)
+    if batch is None or len(prompts) < 2:
+        return [_run_one(engine, p, output_type) for p in prompts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(len(prompts), batch.max_batch_size + max(1, min(batch.max_queue, batch.max_batch_size)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="specstruct-ray") as pool:
+        return list(pool.map(lambda p: _run_one(engine, p, output_type), prompts))
+
+
+def check_engine(engine: Any) -> None:
+    """Raise when the engine can no longer serve: its scheduler was closed or its loop thread died (batching
+    engines). Ray Serve calls this through the replica's `check_health` and replaces a replica that fails it."""
+    scheduler = getattr(engine, "scheduler", None)
+    if scheduler is None:
+        return
+    closed = getattr(scheduler, "_closed", None)
+    if closed is not None:
+        raise RuntimeError(f"the engine's scheduler is closed ({closed!r})")
+    thread = getattr(scheduler, "_thread", None)
+    if thread is not None and not thread.is_alive():
+        raise RuntimeError("the engine's decode loop thread has stopped")
