@@ -28,7 +28,7 @@ def reason(value: Any, schema: Any, text: str) -> str:
         return "pattern (JSON Schema searches, outlines_core matches the whole string)"
     if any(node.get("format") in ("uri", "email", "date-time", "time") for node in _walk_schema(schema)):
         return "format (outlines_core's format regexes are narrower than the RFCs, e.g. uri is http/ftp/urn)"
-    if declared and keys - declared:
+    if keys - declared and any(isinstance(node.get("properties"), dict) for node in _walk_schema(schema)):
         return "undeclared property (only declared properties are generated)"
     if _depth(value) > 3:
         return "nesting depth (free-form JSON and $ref are unrolled to a fixed depth)"

@@ -49,12 +49,44 @@ def parse_schema(source: str | dict | bool) -> Any:
     return source
 
 
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
+
+
+def close_objects(node: Any, in_all_of: bool = False) -> Any:
+    """Objects whose schema says nothing about undeclared keys get only their declared properties (as OpenAI's
+    structured outputs and outlines do): an open object would let the model invent keys. Every generated value
+    still validates; valid instances with undeclared keys are rejected (documented in docs/conformance.md).
+    `allOf` members stay open: each adds properties to the others."""
+    if isinstance(node, list):
+        return [close_objects(n, in_all_of) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if k in _MAPS and isinstance(v, dict):  # name -> schema maps: their keys are names, not keywords
+            out[k] = {name: close_objects(s) for name, s in v.items()}
+        elif k in _DATA:
+            out[k] = v
+        else:
+            out[k] = close_objects(v, k == "allOf")
+    declared = out.get("properties")
+    required = out.get("required") if isinstance(out.get("required"), list) else []
+    if (not in_all_of and isinstance(declared, dict) and not any(k in out for k in _OPEN_KEYS)
+            and all(name in declared for name in required)):  # a required undeclared key keeps it open
+        out["additionalProperties"] = False
+    return out
+
+
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_DATA = ("const", "enum", "default", "examples", "required")
+
+
 def check_support(source: str) -> None:
     """Refuse a schema llguidance cannot guarantee (ConstraintError naming keyword and path) without a tokenizer:
     cheap enough to run before a model loads (the CLI does)."""
     from llguidance import LLMatcher
 
-    schema = discriminated_oneofs(parse_schema(source))
+    schema = close_objects(discriminated_oneofs(parse_schema(source)))
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
     except (ValueError, RuntimeError) as e:
@@ -71,7 +103,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     key = (table.key, vocab_size, source)
     template = TEMPLATES.get(key)
     if template is None:
-        schema = discriminated_oneofs(parse_schema(source))
+        schema = close_objects(discriminated_oneofs(parse_schema(source)))
         lltok = _lltokenizer(tokenizer, table, vocab_size)
         for _ in range(32):  # drop the formats llguidance does not know, one per round
             try:
