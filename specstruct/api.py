@@ -17,6 +17,7 @@ from .decoding.engine import Engine
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
+from .decoding.kv.memory import KVBudget, build as build_kv_tiers
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .streaming import IncrementalDetokenizer, partial_json
 
@@ -57,6 +58,13 @@ class SpecStruct:
                 draft_model = quantize_draft(draft_model)
             draft_rt = ModelRuntime(draft_model)
         self.draft_model = draft_model
+        # prefix cache shared by target and draft (namespaced by model and numerics), spill store, budget check
+        self.prefix_cache, self.kv_store = build_kv_tiers(self.config.prefix_cache_bytes, self.config.kv_memory,
+                                                          self.runtime.device)
+        for rt in (self.runtime, draft_rt):
+            if rt is not None:
+                rt.prefix_cache = self.prefix_cache
+        self._kv_budget = KVBudget(self.config.kv_memory.active_bytes, model, draft_model)
         self.engine = Engine(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
         self.numerics = self.engine.numerics
         self._lock = threading.Lock()  # one sequence at a time: the KV caches are per engine
@@ -120,6 +128,7 @@ class SpecStruct:
                 f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new_tokens}, but the model's context "
                 f"window is {limit} tokens: shorten the prompt or lower max_new_tokens"
             )
+        self._kv_budget.check(len(ids), max_new_tokens)
         return ids
 
     @staticmethod
@@ -133,14 +142,23 @@ class SpecStruct:
         base = self.config if config is None else config
         return base.merged(**overrides)
 
+    def cache_info(self) -> dict[str, Any]:
+        """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills."""
+        return self.prefix_cache.info()
+
+    def clear_cache(self) -> None:
+        """Drop every cached prompt prefix (those a running request holds stay until it is done)."""
+        self.prefix_cache.clear()
+
     # -- public calls -------------------------------------------------------------------------------------------
     def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
             tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
-            config: SpecConfig | None = None) -> Result:
-        """Generate once (plus validation retries) and return the value with its text, tokens and stats."""
+            config: SpecConfig | None = None, cache_salt: str | None = None) -> Result:
+        """Generate once (plus validation retries) and return the value with its text, tokens and stats.
+        `cache_salt` keeps this call's cached prompt prefix apart from calls with another salt (per tenant)."""
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seed=seed, stop=stop)
+                           seed=seed, stop=stop, cache_salt=cache_salt)
         spec = resolve(output_type)
         cfg = self._code_stop(cfg, spec)
         constraint = self._compile(spec)

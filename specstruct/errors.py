@@ -26,6 +26,10 @@ class PromptTooLongError(SpecStructError, ValueError):
     """The prompt plus max_new_tokens does not fit in the model's context window."""
 
 
+class KVMemoryError(SpecStructError, ValueError):
+    """A request's KV cache could never fit in SpecConfig.kv_memory.active_bytes: refused before it starts."""
+
+
 class IncompleteOutputError(SpecStructError):
     """max_new_tokens ran out before the constrained output was complete. `.text` holds what was generated."""
 

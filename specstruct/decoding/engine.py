@@ -175,10 +175,11 @@ class Decode:
         self.policy.config = cfg
         model_drafter = self.engine.drafters.get("model")
         if model_drafter is not None:
-            model_drafter.reset(self.generator)
+            model_drafter.reset(self.generator, cache_salt=cfg.cache_salt, reuse=cfg.use_prefix_cache)
         start = time.perf_counter()
-        logits = rt.prefill(self.prompt)
+        logits = rt.prefill(self.prompt, cache_salt=cfg.cache_salt, reuse=cfg.use_prefix_cache)
         st.prefill_s = time.perf_counter() - start
+        st.cached_prompt_tokens = rt.cached_tokens
         st.target_forwards = 1
         pending = self._choose(logits, c.mask())
         try:

@@ -12,7 +12,8 @@ decoding both fast and lossless there:
   row may see, so a token's logits never depend on which other tokens share the pass.
 
 Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding.
-Prefill (long blocks) uses stock SDPA: it is the same pass with or without speculation.
+Prefill runs in chunks of at most ROWWISE_MAX_ROWS tokens, so it takes the same row-wise path and a prompt's
+result does not depend on where a cached prefix ended (decoding/kv/prefill.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .kv.prefill import cached_prefill
+
 ROWWISE_MAX_ROWS = 32  # query blocks up to this size use exact row-by-row attention
+STOCK_PREFILL_CHUNK = 256  # prefill chunk under stock numerics (GPU, bf16): cached prefixes reuse whole chunks
 _ATTN_NAME = "specstruct_rowwise"
 
 
@@ -142,29 +146,47 @@ class ModelRuntime:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.cache = None
         self._length = 0
+        # kv/ prefix cache hook: prefill in chunks cut at multiples of prefill_chunk (row-wise attention), so a cached
+        # prefix of any length reproduces a cold prefill bitwise; not row-invariant (int8 draft): whole chunks only
+        self.prefix_cache, self.cache_key, self.cached_tokens = None, (id(model), self.numerics), 0
+        self.prefill_chunk = ROWWISE_MAX_ROWS if "row-invariant" in self.numerics else STOCK_PREFILL_CHUNK
+        quantized = any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+        self.prefill_align = 1 if "row-invariant" in self.numerics and not quantized else self.prefill_chunk
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @property
     def length(self) -> int:
         return self._length
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        """Start a new sequence; returns the logits after the last prompt token, shape [vocab]."""
-        self.cache = self._cache_cls(config=self.model.config)
-        self._length = 0
-        return self.extend(ids)[-1]
+    def prefill(self, ids: Sequence[int], *, cache_salt: str | None = None, reuse: bool = True) -> torch.Tensor:
+        """Start a new sequence, reusing the longest cached prefix of `ids` (see decoding/kv/prefill.py); returns
+        the logits after the last prompt token, shape [vocab]. `cached_tokens` says how many came from the cache."""
+        cache = self.prefix_cache if reuse else None
+        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
+                                                    chunk=self.prefill_chunk, align=self.prefill_align)
+        return logits
+
+    def start(self, layers: list, length: int) -> None:
+        """Begin a sequence holding `layers` ([(key, value)] per layer, `length` positions; copied, not shared)."""
+        self.cache = self._cache_cls(ddp_cache_data=layers or None, config=self.model.config)
+        self._length = length
+
+    def kv_layers(self) -> list:
+        """The cache's (key, value) per layer: read-only views, for the prefix cache to copy from."""
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     @torch.inference_mode()
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Append tokens; returns their logits, shape [len(ids), vocab] (float32)."""
+    def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append tokens; returns their logits, shape [len(ids), vocab] (float32); [1, vocab] with `last_only`."""
         if self.cache is None:
             raise RuntimeError("call prefill() before extend()")
         n = len(ids)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self._length, self._length + n, device=self.device).unsqueeze(0)  # [1, n]
-        cache_kw = {self._cache_arg: self.cache}
+        cache_kw = {self._cache_arg: self.cache, **(self._last_only if last_only else {})}
         out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, **cache_kw)
         self._length += n
         return out.logits[0].float()  # [n, vocab]

@@ -26,11 +26,15 @@ class DraftModelDrafter:
         self.tokens: list[int] = []  # what the draft cache holds
         self.generator: torch.Generator | None = None
         self.step_seconds: list[tuple[int, float]] = []  # (rows, seconds) per draft pass, for the cost model
+        self.prefill_kw: dict = {}
 
-    def reset(self, generator: torch.Generator | None = None) -> None:
-        """Start a new request: the cache is re-synced (prefilled) on the first propose()."""
+    def reset(self, generator: torch.Generator | None = None, *, cache_salt: str | None = None,
+              reuse: bool = True) -> None:
+        """Start a new request: the cache is re-synced (prefilled, from the prefix cache if it can) on the first
+        propose()."""
         self.tokens = []
         self.generator = generator
+        self.prefill_kw = {"cache_salt": cache_salt, "reuse": reuse}
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Make the cache hold `context`; return the draft logits after its last token."""
@@ -41,7 +45,7 @@ class DraftModelDrafter:
             common += 1
         t0 = time.perf_counter()
         if common == 0:
-            logits = self.runtime.prefill(ctx)  # once per request; not a per-token cost
+            logits = self.runtime.prefill(ctx, **self.prefill_kw)  # once per request; not a per-token cost
         else:
             self.runtime.crop(common)
             logits = self.runtime.extend(ctx[common:])[-1]
