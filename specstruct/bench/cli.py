@@ -50,7 +50,7 @@ def _progress_display() -> tuple[Any, Any]:
 
 @app.callback(invoke_without_command=True)
 def main(
-    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all"),
+    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | pipeline"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="prompts per scenario (default 5; 3 with --quick)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
@@ -89,6 +89,13 @@ def main(
         from .runner import resummarize
 
         _publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
+        return
+    if scenario == "pipeline":  # issue 10: prefix cache on vs off over one schema and ten passages
+        from .pipeline import main as pipeline
+
+        with console.status("loading models"):
+            engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
+        pipeline(engine, console, limit, max_new_tokens, out, markdown_out, None)
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):
