@@ -174,7 +174,9 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": extraction_prompt(Person, pipeline_passages(1)[0])}]
     ids = engine.prompt_ids(messages, Person)
-    res: dict[str, Any] = {"chunking": chunking_cost(engine.runtime, ids)}
+    if progress:
+        progress(0, 1, f"timing chunked vs one-block prefill of a {len(ids)}-token prompt")
+    res: dict[str, Any] = {"chunking": chunking_cost(engine.runtime, ids, repeats=2)}
     res.update(run_pipeline(engine, limit or 10, max_new_tokens, progress))
     text = markdown(res)
     console.print(text)

@@ -179,7 +179,7 @@ class Decode:
         start = time.perf_counter()
         logits = rt.prefill(self.prompt, cache_salt=cfg.cache_salt, reuse=cfg.use_prefix_cache)
         st.prefill_s = time.perf_counter() - start
-        st.cached_prompt_tokens = rt.cached_tokens
+        st.cached_prompt_tokens = getattr(rt, "cached_tokens", 0)
         st.target_forwards = 1
         pending = self._choose(logits, c.mask())
         try:

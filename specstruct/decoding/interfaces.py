@@ -65,8 +65,9 @@ class Runtime(Protocol):
 
     vocab_size: int
 
-    def prefill(self, ids: Sequence[int]) -> "torch.Tensor":
-        """Reset the cache, run the prompt, return logits of the last position [vocab]."""
+    def prefill(self, ids: Sequence[int], *, cache_salt: str | None = None, reuse: bool = True) -> "torch.Tensor":
+        """Reset the cache, run the prompt (reusing a cached prefix when `reuse`; `cached_tokens` says how many),
+        return logits of the last position [vocab]."""
         ...
 
     def extend(self, ids: Sequence[int]) -> "torch.Tensor":

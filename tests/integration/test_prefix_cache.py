@@ -26,7 +26,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 SYSTEM = "You extract records for a pipeline. Copy names exactly. " * 3
 PASSAGES = ["Grace Hopper, 85, invented the compiler.", "Ada Lovelace, 36, wrote the first program.",
-            "Alan Turing, 41, broke codes.", "Edsger Dijkstra, 72, disliked goto."]
+            "Alan Turing, 41, broke codes."]
 
 
 def _cold(rt, ids):
@@ -69,7 +69,7 @@ def _engine(tok, target, close_draft, **cfg):
 
 
 def _runs(engine, passages, output_type=PERSON, **kw):
-    return [engine.run(p, output_type, system=SYSTEM, max_new_tokens=60, **kw) for p in passages]
+    return [engine.run(p, output_type, system=SYSTEM, max_new_tokens=40, **kw) for p in passages]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_concurrent_requests_sharing_one_prefix(tok, target, close_draft, cold_o
     got: dict[int, list[int]] = {}
 
     def call(i):
-        got[i] = eng.run(PASSAGES[i], PERSON, system=SYSTEM, max_new_tokens=60).token_ids
+        got[i] = eng.run(PASSAGES[i], PERSON, system=SYSTEM, max_new_tokens=40).token_ids
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PASSAGES))]
     for t in threads:
@@ -122,9 +122,9 @@ def test_concurrent_requests_sharing_one_prefix(tok, target, close_draft, cold_o
 
 def test_salted_prefixes_are_not_shared(tok, target, close_draft):
     eng = _engine(tok, target, close_draft)
-    first = eng.run(PASSAGES[0], PERSON, system=SYSTEM, max_new_tokens=60, cache_salt="tenant-a")
-    other = eng.run(PASSAGES[1], PERSON, system=SYSTEM, max_new_tokens=60, cache_salt="tenant-b")
-    same = eng.run(PASSAGES[1], PERSON, system=SYSTEM, max_new_tokens=60, cache_salt="tenant-a")
+    first = eng.run(PASSAGES[0], PERSON, system=SYSTEM, max_new_tokens=40, cache_salt="tenant-a")
+    other = eng.run(PASSAGES[1], PERSON, system=SYSTEM, max_new_tokens=40, cache_salt="tenant-b")
+    same = eng.run(PASSAGES[1], PERSON, system=SYSTEM, max_new_tokens=40, cache_salt="tenant-a")
     assert first.stats.cached_prompt_tokens == 0 and other.stats.cached_prompt_tokens == 0
     assert same.stats.cached_prompt_tokens > 0 and same.token_ids == other.token_ids
 
@@ -132,7 +132,7 @@ def test_salted_prefixes_are_not_shared(tok, target, close_draft):
 def test_a_request_that_can_never_fit_is_refused_before_it_starts(tok, target, close_draft):
     eng = _engine(tok, target, close_draft, kv_memory=ss.config.KVMemory(active_bytes=50_000))
     with pytest.raises(KVMemoryError, match="active_bytes"):
-        eng.run(PASSAGES[0], PERSON, system=SYSTEM, max_new_tokens=60)
+        eng.run(PASSAGES[0], PERSON, system=SYSTEM, max_new_tokens=40)
     assert eng.cache_info()["lookups"] == 0
 
 

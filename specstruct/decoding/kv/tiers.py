@@ -4,6 +4,7 @@ missing or fails its checksum): the caller then re-prefills from token ids, whic
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
@@ -74,7 +75,7 @@ def default_directory() -> Path:
 
 class DiskTier:
     """One safetensors file per span in a private folder under `directory`, checked by a blake2b digest kept in
-    memory (a truncated, corrupted or deleted file reads as lost). The folder is removed by `close()`."""
+    memory (a truncated, corrupted or deleted file reads as lost). The folder is removed by `close()` or at exit."""
 
     name = "disk"
 
@@ -90,6 +91,7 @@ class DiskTier:
             if self._dir is None:
                 self._parent.mkdir(parents=True, exist_ok=True)
                 self._dir = Path(tempfile.mkdtemp(prefix=f"spill-{os.getpid()}-", dir=self._parent))
+                atexit.register(shutil.rmtree, self._dir, True)  # spill files never outlive the process
             return self._dir
 
     def put(self, layers: KVLayers) -> Slot:
