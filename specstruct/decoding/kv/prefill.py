@@ -50,13 +50,13 @@ def cached_prefill(target: PrefillTarget, ids: Sequence[int], *, cache: PrefixCa
     hit = cache.lookup(namespace, ids[:-1], align=align) if use else None
     try:
         n = hit.tokens if hit else 0
-        target.start(hit.layers if n else [], n)
-        logits = chunked_extend(target, ids[n:], n, chunk)
-        if use:
-            cache.insert(namespace, ids, target.kv_layers())
+        target.start(hit.layers if n else [], n)  # a copy: the cache's spans are free to move from here on
     finally:
         if hit is not None:
             hit.release()
+    logits = chunked_extend(target, ids[n:], n, chunk)
+    if use:
+        cache.insert(namespace, ids, target.kv_layers())
     return logits, n
 
 

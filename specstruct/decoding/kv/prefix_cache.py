@@ -30,8 +30,8 @@ class Block:
 
 
 class PrefixHit:
-    """The KV of the first `tokens` ids (fresh tensors: the caller may keep them). `release()` when the prefill
-    that uses it is done (the nodes stay locked until then)."""
+    """The KV of the first `tokens` ids (fresh tensors: the caller may keep them). The nodes stay locked (never
+    moved, dropped or split) until `release()`."""
 
     def __init__(self, cache: "PrefixCache | None", tree: RadixTree | None, node: Node | None, tokens: int,
                  layers: KVLayers):
@@ -162,8 +162,8 @@ class PrefixCache:
         with self._lock:
             tree = self._trees.setdefault(namespace, RadixTree())
             path = tree.match(ids)
-            if path and isinstance(path[-1][0].payload, Block) and path[-1][0].payload.loading is not None:
-                return  # a span being read back cannot be split now; the next request inserts it
+            if path and path[-1][1] < len(path[-1][0].tokens) and path[-1][0].locks:
+                return  # a span being read by a lookup is not split under it; the next request inserts this
             new = lambda start, end: Block(0, self.tiers[0].put(span(layers, start, end)))  # noqa: E731
             nodes = tree.insert(ids, self._split, new)
             offset = 0
