@@ -19,6 +19,7 @@ from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryEr
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
+from .decoding.kv.memory import KVBudget, build as build_kv_tiers
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
@@ -61,6 +62,13 @@ class SpecStruct(AsyncCalls):
                 draft_model = quantize_draft(draft_model)
             draft_rt = ModelRuntime(draft_model)
         self.draft_model = draft_model
+        # prefix cache shared by target and draft (namespaced by model and numerics), spill store, budget check
+        self.prefix_cache, self.kv_store = build_kv_tiers(self.config.prefix_cache_bytes, self.config.kv_memory,
+                                                          self.runtime.device)
+        for rt in (self.runtime, draft_rt):
+            if rt is not None:
+                rt.prefix_cache = self.prefix_cache
+        self._kv_budget = KVBudget(self.config.kv_memory.active_bytes, model, draft_model)
         self.engine = Engine(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
         self.numerics = self.engine.numerics
         self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
@@ -130,22 +138,33 @@ class SpecStruct(AsyncCalls):
                 f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new_tokens}, but the model's context "
                 f"window is {limit} tokens: shorten the prompt or lower max_new_tokens"
             )
+        self._kv_budget.check(len(ids), max_new_tokens)
         return ids
 
     def _config(self, config: SpecConfig | None, **overrides: Any) -> SpecConfig:
         base = self.config if config is None else config
         return base.merged(**overrides)
 
+    def cache_info(self) -> dict[str, Any]:
+        """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills."""
+        return self.prefix_cache.info()
+
+    def clear_cache(self) -> None:
+        """Drop every cached prompt prefix (those a running request holds stay until it is done)."""
+        self.prefix_cache.clear()
+
     # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
     def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
             tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
-            config: SpecConfig | None = None, timeout: float | None = None) -> Result:
+            config: SpecConfig | None = None, timeout: float | None = None,
+            cache_salt: str | None = None) -> Result:
         """Generate once (plus validation retries) and return the value with its text, tokens and stats.
         Safe from any number of threads: concurrent calls share the engine's batches. `timeout` (seconds, queue
-        and decoding and retries together) cancels the request and raises RequestTimeoutError."""
+        and decoding and retries together) cancels the request and raises RequestTimeoutError. `cache_salt` keeps
+        this call's cached prompt prefix apart from calls with another salt (per tenant)."""
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seed=seed, stop=stop)
+                           seed=seed, stop=stop, cache_salt=cache_salt)
         plan, until = self._attempts(prompt, output_type, system, tools, cfg), deadline(timeout)
         job = next(plan)
         while True:

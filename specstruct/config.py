@@ -9,6 +9,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specstruct.errors import InvalidParameterError
 
 
+GiB = 2**30
+
+
+class KVMemory(BaseModel):
+    """Byte budgets of the KV memory tiers (defaults sized for a 24 GB machine)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    active_bytes: int | None = Field(4 * GiB, ge=0)  # KV of one running request (target + draft); None: no check
+    pinned_bytes: int = Field(2 * GiB, ge=0)  # GPU only: pinned host memory below GPU memory
+    disk_bytes: int = Field(4 * GiB, ge=0)  # spill files (safetensors); 0: nothing goes to disk
+    directory: str | None = None  # where spill files go (default $SPECSTRUCT_CACHE/kv, ~/.cache/specstruct/kv)
+
+
 class SpecConfig(BaseModel):
     """Settings for one engine or one call. Unknown keys are an error, so a typo never goes unnoticed.
 
@@ -42,6 +56,12 @@ class SpecConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: list[str] = Field(default_factory=list)
+
+    # KV memory: reuse of cached prompt prefixes (engine-wide budget; 0 disables) and per-tier budgets
+    prefix_cache_bytes: int = Field(1 * GiB, ge=0)
+    kv_memory: KVMemory = Field(default_factory=KVMemory)
+    use_prefix_cache: bool = True  # per call: False prefills cold and caches nothing
+    cache_salt: str | None = None  # per call: requests share cached prefixes only with the same salt (tenant)
 
     # placement
     device: str = "auto"

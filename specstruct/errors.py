@@ -39,6 +39,10 @@ class MissingExtraError(SpecStructError, ImportError):
     """An optional dependency is not installed; the message names the `pip install -e ".[extra]"` that adds it."""
 
 
+class KVMemoryError(SpecStructError, ValueError):
+    """A request's KV cache could never fit in SpecConfig.kv_memory.active_bytes: refused before it starts."""
+
+
 class IncompleteOutputError(SpecStructError):
     """max_new_tokens ran out before the constrained output was complete. `.text` holds what was generated."""
 

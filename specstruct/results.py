@@ -30,6 +30,7 @@ class Stats:
 
     mode: str = "text"
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     new_tokens: int = 0
     target_forwards: int = 0  # target passes, prefill included
     drafted: int = 0

@@ -27,7 +27,8 @@ class SpecStructSide:
 
     def __init__(self, name: str, engine: Any, speculative: bool, settings: Settings):
         self.name, self.engine, self.settings = name, engine, settings
-        overrides = {"enable_speculative": speculative, "max_retries": 0}  # retries would time 2+ generations
+        # retries would time 2+ generations; the prefix cache stays off (cold prefill), as for the other sides
+        overrides = {"enable_speculative": speculative, "max_retries": 0, "use_prefix_cache": False}
         base = getattr(engine, "config", None)
         if base is None:
             from ..config import SpecConfig

@@ -51,7 +51,7 @@ def _progress_display() -> tuple[Any, Any]:
 
 @app.callback(invoke_without_command=True)
 def main(
-    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | batch (concurrent "
+    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | pipeline | batch (concurrent "
                                  "extraction requests through the scheduler; not part of all)"),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="--scenario batch: requests arriving at once, "
                                     "comma-separated levels"),
@@ -109,6 +109,14 @@ def main(
         settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         run_batch_cli(engine, concurrency, settings, console, quiet=quiet, out=out, plot_path=plot_path,
                       markdown_out=markdown_out)
+        return
+    if scenario == "pipeline":  # issue 10: prefix cache on vs off over one schema and ten passages
+        from .pipeline import main as pipeline
+
+        with console.status("loading models"):
+            engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
+        pipeline(engine, console, limit, max_new_tokens, out, markdown_out,
+                 None if quiet else lambda done, total, what: console.log(f"{done}/{total} {what}"))
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):

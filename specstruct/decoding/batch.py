@@ -47,12 +47,37 @@ class BatchDecoder:
 
     def add(self, row: Row) -> None:
         """Admit a request; its prompt is prefilled by the following steps."""
-        row.kv = self.engine.target.sequence()
+        row.kv = self._start(row)
         row.started = time.perf_counter()
         cfg = row.config
         if self.draft is not None and cfg.enable_speculative and cfg.use_draft_model:
             row.draft_kv = DraftState(self.draft)
         self.rows.append(row)
+
+    def _start(self, row: Row):
+        """The row's target KV sequence: from the longest cached prefix of its prompt when the prefix cache may
+        serve it (kv/; exact because prefill results do not depend on where a prefix ends), else empty. At least
+        the prompt's last token always runs: its logits are needed."""
+        rt = self.engine.target
+        cache = getattr(rt, "prefix_cache", None)
+        if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
+                or not row.config.use_prefix_cache:
+            return rt.sequence()
+        hit = cache.lookup((rt.cache_key, row.config.cache_salt), row.prompt[:-1])
+        try:
+            n = hit.tokens
+            seq = rt.sequence(hit.layers if n else None, n)  # a copy: the cache's spans may move from here on
+        finally:
+            hit.release()
+        row.prefilled = row.stats.cached_prompt_tokens = n
+        return seq
+
+    def _remember(self, row: Row) -> None:
+        """Offer a just-prefilled prompt's KV to the prefix cache (it copies what it keeps)."""
+        rt = self.engine.target
+        cache = getattr(rt, "prefix_cache", None)
+        if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
+            cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.layers())
 
     def remove(self, row: Row) -> None:
         """Cancel (or forget a finished) row: frees its KV caches and constraint state."""
@@ -135,8 +160,9 @@ class BatchDecoder:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
                                   r.generator, alone=self._alone(r))
         for r, c in chunks:
-            if r.draft_kv is not None and not self._alone(r):
-                jobs[id(r)] = Job(r.draft_kv, c, None, 0, 0.0, None, feed_only=True)
+            if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
+                feed = r.prompt[len(r.draft_kv.tokens) : r.prefilled + len(c)]
+                jobs[id(r)] = Job(r.draft_kv, feed, None, 0, 0.0, None, feed_only=True)
         if not jobs:
             return
         costs: list[tuple[int, float]] = []
@@ -191,6 +217,7 @@ class BatchDecoder:
                 if r.prefilling:
                     r.prefilled += len(segs[members.index(r)][1])
                     if not r.prefilling:
+                        self._remember(r)
                         out[id(r)] += r.after_prefill(lg[-1])
                 else:
                     r.stats.verify_time_s += dt

@@ -27,11 +27,16 @@ _local = threading.local()
 class KVSequence:
     """One sequence's KV cache on one model, and how many positions it holds."""
 
-    def __init__(self, config):
+    def __init__(self, config, layers: list | None = None, length: int = 0):
+        """Empty, or holding `layers` ([(key, value)] per layer, `length` positions; copied, never shared)."""
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=config)
-        self.length = 0
+        self.cache = DynamicCache(ddp_cache_data=layers or None, config=config)
+        self.length = length
+
+    def layers(self) -> list:
+        """The cache's (key, value) per layer: read-only views, for the prefix cache to copy from."""
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on."""

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from specstruct.models.loading import output_rows
+from .kv.prefill import cached_prefill
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -119,6 +120,9 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     return q
 
 
+PREFILL_CHUNK = 32  # single-sequence prefill chunk (results do not depend on it: row-wise attention)
+
+
 class ModelRuntime:
     """A transformers causal LM with per-sequence KV caches: packed ragged passes over many sequences
     (packed.py), plus one default sequence for the single-sequence calls prefill / extend / crop."""
@@ -135,13 +139,18 @@ class ModelRuntime:
         # int8 dynamic quantization scales activations per tensor: rows then depend on their neighbours
         self.row_invariant = "row-invariant" in self.numerics and not hasattr(model, "_specstruct_draft_numerics")
         self.seq: KVSequence | None = None
+        # decoding/kv: a prefix cache (set by the API) reused where prefill results do not depend on where a
+        # cached prefix ends: row-invariant numerics (linears) and the packed row-wise attention
+        self.prefix_cache, self.cache_key, self.cached_tokens = None, (id(model), self.numerics), 0
+        self.reuses_prefixes = self.row_invariant and self.packed
+        self.prefill_chunk = PREFILL_CHUNK
         params = inspect.signature(model.forward).parameters  # transformers >= 5.2x: `cache`, before: past_key_values
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     # -- many sequences -------------------------------------------------------------------------------------
-    def sequence(self) -> KVSequence:
-        """A new, empty sequence (its own KV cache) for `forward`."""
-        return KVSequence(self.model.config)
+    def sequence(self, layers: list | None = None, length: int = 0) -> KVSequence:
+        """A new sequence (its own KV cache) for `forward`: empty, or holding a copy of `layers`."""
+        return KVSequence(self.model.config, layers, length)
 
     def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int]) -> list[torch.Tensor]:
         """One packed pass over every (sequence, new tokens); logits of each segment's last keep[i] tokens."""
@@ -168,16 +177,26 @@ class ModelRuntime:
     def length(self) -> int:
         return 0 if self.seq is None else self.seq.length
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        """Start a new sequence; returns the logits after the last prompt token, shape [vocab]."""
-        self.seq = self.sequence()
-        return self.extend(ids)[-1]
+    def prefill(self, ids: Sequence[int], *, cache_salt: str | None = None, reuse: bool = True) -> torch.Tensor:
+        """Start a new sequence, reusing the longest cached prefix of `ids` where that is exact (kv/prefill.py);
+        returns the logits after the last prompt token, shape [vocab]. `cached_tokens` says how many were reused."""
+        cache = self.prefix_cache if reuse and self.reuses_prefixes else None
+        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
+                                                    chunk=self.prefill_chunk)
+        return logits
 
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Append tokens; returns their logits, shape [len(ids), vocab] (float32)."""
+    def start(self, layers: list, length: int) -> None:
+        """Begin the default sequence holding `layers` (copied) of `length` positions."""
+        self.seq = self.sequence(layers, length)
+
+    def kv_layers(self) -> list:
+        return self.seq.layers()
+
+    def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append tokens; returns their logits, shape [len(ids), vocab] (float32); [1, vocab] with `last_only`."""
         if self.seq is None:
             raise RuntimeError("call prefill() before extend()")
-        return self.forward([(self.seq, ids)], [len(ids)])[0]
+        return self.forward([(self.seq, ids)], [1 if last_only else len(ids)])[0]
 
     def crop(self, length: int) -> None:
         """Forget cached positions from `length` on."""
