@@ -1,4 +1,7 @@
-"""A small draft model with the target's vocabulary, proposing under the same grammar mask.
+"""A small draft model with the target's vocabulary, proposing under the same grammar mask: the single-sequence
+Drafter (the `Drafter` Protocol, for a custom loop or a tool such as bench/draft_agreement.py). The engine's own
+loop drafts for all rows at once in decoding/draft_batch.py, by the same rules (cache sync, arbitration); the
+engine keeps this object for its runtime and its place among the drafters.
 
 It keeps its own KV cache in step with the committed tokens: before proposing, the cache is cropped to the
 longest prefix it shares with the context and extended with the rest (normally the last accepted draft token and
