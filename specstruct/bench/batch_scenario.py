@@ -164,7 +164,7 @@ def run_batch_cli(engine: Any, concurrency: str, settings: Settings, console: An
                   out: str | None, plot_path: str | None, markdown_out: str | None) -> None:
     """What `specstruct bench --scenario batch` does once the engine is loaded."""
     from .batch_report import batch_markdown, batch_plot, print_batch_report
-    from .report import write_json
+    from .report import publish, write_json
 
     levels = parse_concurrency(concurrency)
     save = (lambda partial: write_json(partial, out)) if out else None  # noqa: E731
@@ -178,16 +178,8 @@ def run_batch_cli(engine: Any, concurrency: str, settings: Settings, console: An
             results = run_batch_benchmark(engine, levels, settings=settings, on_level=save,
                                           progress=lambda d, t, desc: bar.update(task, completed=d, total=t,
                                                                                  description=desc))
-    print_batch_report(results, console)
-    if out:
-        console.print(f"results written to {write_json(results, out)}")
-    if plot_path:
-        console.print(f"plot written to {batch_plot(results, plot_path)}")
-    if markdown_out:
-        from pathlib import Path
-
-        Path(markdown_out).write_text(batch_markdown(results))
-        console.print(f"markdown table written to {markdown_out}")
+    publish(results, console, out, plot_path, markdown_out, show=print_batch_report, draw=batch_plot,
+            render=batch_markdown)
 
 
 def parse_concurrency(text: str) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import typer
 
+from .report import publish
 from .runner import ALL_BASELINES, QUICK_LIMIT, run_benchmark
 from .workloads import SCENARIOS, extraction_workloads
 
@@ -94,7 +95,7 @@ def main(
 
         from .runner import resummarize
 
-        _publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
+        publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
     if scenario == "batch":
         from .batch_scenario import parse_concurrency, run_batch_cli
@@ -137,20 +138,4 @@ def main(
     else:
         with bar:
             results = run_benchmark(engine, **kwargs)
-    _publish(results, console, out, plot_path, markdown_out)
-
-
-def _publish(results: dict[str, Any], console: Any, out: str | None, plot_path: str | None,
-             markdown_out: str | None) -> None:
-    from pathlib import Path
-
-    from .report import markdown, plot, print_report, write_json
-
-    print_report(results, console)
-    if out:
-        console.print(f"results written to {write_json(results, out)}")
-    if plot_path:
-        console.print(f"plot written to {plot(results, plot_path)}")
-    if markdown_out:
-        Path(markdown_out).write_text(markdown(results))
-        console.print(f"markdown table written to {markdown_out}")
+    publish(results, console, out, plot_path, markdown_out)

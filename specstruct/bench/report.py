@@ -33,6 +33,20 @@ def write_json(results: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+def publish(results: dict[str, Any], console: Any, out: str | None, plot_path: str | None, markdown_out: str | None,
+            *, show: Any = None, draw: Any = None, render: Any = None) -> None:
+    """Print the report and write what was asked for (`--out`, `--plot`, `--markdown`). `show`, `draw` and `render`
+    default to this module's print_report, plot and markdown; other scenarios pass their own."""
+    (show or print_report)(results, console)
+    if out:
+        console.print(f"results written to {write_json(results, out)}")
+    if plot_path:
+        console.print(f"plot written to {(draw or plot)(results, plot_path)}")
+    if markdown_out:
+        Path(markdown_out).write_text((render or markdown)(results))
+        console.print(f"markdown table written to {markdown_out}")
+
+
 def table(results: dict[str, Any]) -> Any:
     """The headline table: one row per scenario, medians over prompts (speedup quartiles in brackets)."""
     from rich.table import Table
