@@ -25,22 +25,23 @@ def _masks(constraint, out):
 
 
 def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
+    from specstruct.decoding import batch as batch_module
+
     drafter = eng.engine.drafters["model"]
     props: list[tuple[list[int], list[int]]] = []
-    inner = drafter.propose
+    inner = batch_module.run_drafts
 
-    def logged(context, constraint, k, temperature, **kw):
-        d = inner(context, constraint, k, temperature, **kw)
-        props.append((list(context), list(d.tokens)))
-        return d
+    def logged(runtime, jobs, eos, costs):  # what the draft proposed: the hint prefix it kept, then its own tokens
+        inner(runtime, jobs, eos, costs)
+        props.extend((list(j.context), j.hint[: j.hint_kept] + list(j.tokens)) for j in jobs if not j.feed_only)
 
-    drafter.propose = logged
+    batch_module.run_drafts = logged
     try:
         ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
         c = eng.constraint(w.output_type)
         dec = eng.engine.decode(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)).run()
     finally:
-        del drafter.propose
+        batch_module.run_drafts = inner
     out, P = dec.token_ids, len(ids)
     masks = _masks(c, out)
     with torch.inference_mode():

@@ -1,17 +1,16 @@
-"""The draft model's arbitration of free candidates: it keeps the hint's prefix it agrees with, continues with its
-own tokens, and leaves its cache exactly as a fresh draft fed the same tokens would have it."""
+"""The draft model's arbitration of free candidates (draft_batch.py): it keeps the hint's prefix it agrees with,
+continues with its own tokens, and leaves its cache exactly as a fresh draft fed the same tokens would have it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
 
 from specstruct.config import SpecConfig
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.compiler import compile_constraint
-from specstruct.decoding.drafting import DraftModelDrafter
+from specstruct.decoding.draft_batch import DraftState, Job, run_drafts
 from specstruct.decoding.engine import Engine
 from specstruct.decoding.runtime import ModelRuntime
 
@@ -23,38 +22,36 @@ def _free(tok, rt):
                               eos_token_ids=[tok.eos_token_id])
 
 
-def _own(drafter, tok, context, k):
+def _draft(tok, rt, state, context, k, hint=()):
+    """One row's drafting through the batched drafter (draft_batch.run_drafts)."""
+    job = Job(state, list(context), _free(tok, rt), k, 0.0, None, hint=list(hint))
+    run_drafts(rt, [job], {tok.eos_token_id}, [])
+    assert job.error is None
+    return job
+
+
+def _own(tok, rt, context, k):
     """The draft's own greedy proposal from a fresh cache."""
-    drafter.reset()
-    return drafter.propose(context, _free(tok, drafter.runtime), k, 0.0).tokens
+    return _draft(tok, rt, DraftState(rt), context, k).tokens
 
 
 @pytest.mark.parametrize("wrong_at", [0, 2, None])
 def test_hint_prefix_kept_where_the_draft_agrees(tok, close_draft, wrong_at):
-    drafter = DraftModelDrafter(ModelRuntime(close_draft), [tok.eos_token_id])
+    rt = ModelRuntime(close_draft)
     context = tok.encode(TEXT, add_special_tokens=False)[:6]
-    own = _own(drafter, tok, context, 6)
+    own = _own(tok, rt, context, 6)
     hint = list(own[:4])
     if wrong_at is not None:
         hint[wrong_at] = (hint[wrong_at] + 1) % 300
-    drafter.reset()
-    d = drafter.propose(context, _free(tok, drafter.runtime), 2, 0.0, hint=hint)
+    state = DraftState(rt)
+    job = _draft(tok, rt, state, context, 2, hint)
     kept = 4 if wrong_at is None else wrong_at
-    assert drafter.hint_kept == kept
-    assert d.tokens == own[: kept + 2]  # the agreed hint, then the draft's own choices from there
-    # the cache holds exactly what the drafter believes it holds: a further proposal equals a fresh draft's
-    assert drafter.runtime.length == len(drafter.tokens)
-    more = drafter.propose(context + d.tokens, _free(tok, drafter.runtime), 3, 0.0)
-    assert more.tokens == _own(drafter, tok, context + d.tokens, 3)
-
-
-def test_total_caps_hint_and_own_tokens(tok, close_draft):
-    drafter = DraftModelDrafter(ModelRuntime(close_draft), [tok.eos_token_id])
-    context = tok.encode(TEXT, add_special_tokens=False)[:6]
-    own = _own(drafter, tok, context, 5)
-    drafter.reset()
-    d = drafter.propose(context, _free(tok, drafter.runtime), 4, 0.0, hint=own[:3], total=5)
-    assert d.tokens == own[:5] and drafter.hint_kept == 3
+    assert job.hint_kept == kept
+    assert hint[:kept] + job.tokens == own[: kept + 2]  # the agreed hint, then the draft's own choices from there
+    # the cache holds exactly what the state believes it holds: a further proposal equals a fresh draft's
+    assert state.kv.length == len(state.tokens)
+    proposed = list(context) + hint[:kept] + job.tokens
+    assert _draft(tok, rt, state, proposed, 3).tokens == _own(tok, rt, proposed, 3)
 
 
 @pytest.mark.parametrize("arbitration", [True, False])
