@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import json
+import threading
 import time
 
 import httpx
@@ -21,10 +22,13 @@ LIMITS = ServerLimits(max_body_bytes=20_000, max_tokens_cap=300, max_prompt_toke
 
 
 class SpyEngine:
-    """The tiny engine, recording how each stream ended: run to the end, or closed early (cancelled)."""
+    """The tiny engine, recording how each stream ended: run to the end, or closed early (cancelled).
+
+    While `held` is set, every stream stops after its first chunk until it is cleared: requests stay in flight for
+    as long as a test needs, however fast the machine generates."""
 
     def __init__(self, engine):
-        self.engine, self.ended = engine, []
+        self.engine, self.ended, self.held = engine, [], threading.Event()
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -35,6 +39,8 @@ class SpyEngine:
             for chunk in self.engine.stream(*args, **kwargs):
                 chunks += 1
                 yield chunk
+                while self.held.is_set():
+                    time.sleep(0.01)
             self.ended.append(("finished", chunks))
         except GeneratorExit:
             self.ended.append(("cancelled", chunks))
@@ -46,6 +52,8 @@ class SpyEngine:
             async for chunk in self.engine.astream(*args, **kwargs):
                 chunks += 1
                 yield chunk
+                while self.held.is_set():
+                    await asyncio.sleep(0.01)
             self.ended.append(("finished", chunks))
         except (GeneratorExit, asyncio.CancelledError):
             self.ended.append(("cancelled", chunks))
@@ -138,12 +146,18 @@ def test_queue_limit_is_429_with_retry_after(served, http):
     server, _ = served
     body = {"model": MODEL, "messages": HI, "max_tokens": 250, "stream": True,
             "structured_outputs": {"regex": "[ab]{250}"}}  # no early EOS
-    with http.stream("POST", "/chat/completions", json=body) as first, \
-            http.stream("POST", "/chat/completions", json=body) as second:
-        next(first.iter_lines()), next(second.iter_lines())
-        resp = post(http, {})
-        expect(resp, 429, code="overloaded")
-        assert resp.headers["Retry-After"] == "3"
+    server.engine.held.set()  # both streams stay in flight until the 429 has been seen, on any machine
+    try:
+        with http.stream("POST", "/chat/completions", json=body) as first, \
+                http.stream("POST", "/chat/completions", json=body) as second:
+            lines = first.iter_lines(), second.iter_lines()  # kept: a dropped iterator closes its response
+            assert all(next(each).startswith("data: ") for each in lines)
+            resp = post(http, {})
+            expect(resp, 429, code="overloaded")
+            assert resp.headers["Retry-After"] == "3"
+            server.engine.held.clear()
+    finally:
+        server.engine.held.clear()
     wait_idle(server)
     assert post(http, {}).status_code == 200
 
