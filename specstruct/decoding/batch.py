@@ -51,7 +51,7 @@ class BatchDecoder:
         row.started = time.perf_counter()
         cfg = row.config
         if self.draft is not None and cfg.enable_speculative and cfg.use_draft_model:
-            row.draft_kv = DraftState(self.draft)
+            row.draft_kv = self._draft_start(row)
         self.rows.append(row)
 
     def _start(self, row: Row):
@@ -72,12 +72,33 @@ class BatchDecoder:
         row.prefilled = row.stats.cached_prompt_tokens = n
         return seq
 
+    def _draft_start(self, row: Row) -> DraftState:
+        """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
+        the output: a greedy row (the draft only proposes; the target alone decides every token), or a draft whose
+        numerics make a cached prefix bitwise a cold one. Else empty: the draft reads the prompt with the target."""
+        cache = getattr(self.draft, "prefix_cache", None)
+        if not self._draft_reuses(row, cache):
+            return DraftState(self.draft)
+        hit = cache.lookup((self.draft.cache_key, row.config.cache_salt), row.prompt[:-1])
+        try:
+            return DraftState(self.draft, hit.layers, row.prompt[: hit.tokens]) if hit.tokens else DraftState(self.draft)
+        finally:
+            hit.release()
+
+    def _draft_reuses(self, row: Row, cache) -> bool:
+        return (cache is not None and cache.enabled and row.config.use_prefix_cache and getattr(self.draft, "packed", False)
+                and (row.config.temperature <= 0 or self.draft.reuses_prefixes))
+
     def _remember(self, row: Row) -> None:
-        """Offer a just-prefilled prompt's KV to the prefix cache (it copies what it keeps)."""
+        """Offer a just-prefilled prompt's KV (target, and draft where it read the whole prompt) to the prefix cache
+        (it copies what it keeps)."""
         rt = self.engine.target
         cache = getattr(rt, "prefix_cache", None)
         if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
             cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.layers())
+        d = row.draft_kv
+        if d is not None and d.tokens == row.prompt and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
+            self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.layers())
 
     def remove(self, row: Row) -> None:
         """Cancel (or forget a finished) row: frees its KV caches and constraint state."""

@@ -31,9 +31,9 @@ from .verify import distribution, greedy_token, sample
 class DraftState:
     """What one row's draft cache holds."""
 
-    def __init__(self, runtime: ModelRuntime):
-        self.kv = runtime.sequence()
-        self.tokens: list[int] = []
+    def __init__(self, runtime: ModelRuntime, layers: list | None = None, tokens: Sequence[int] = ()):
+        self.kv = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
+        self.tokens: list[int] = list(tokens)
 
     def feed_for(self, context: Sequence[int]) -> list[int]:
         """Crop to the longest prefix shared with `context` (re-running at least its last token) -> what to feed."""

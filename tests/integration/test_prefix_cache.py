@@ -93,6 +93,30 @@ def test_generations_with_the_cache_equal_generations_without(tok, target, close
     assert info["hits"] >= len(PASSAGES) and 0 < info["hit_rate"] <= 1 and info["bytes"]["ram"] > 0
 
 
+@pytest.mark.parametrize("draft_numerics", ["int8", "float32"])
+def test_the_draft_model_reuses_cached_prefixes_too(tok, target, close_draft, cold_outputs, draft_numerics,
+                                                    monkeypatch):
+    """The draft reads only what the cache lacks of a prompt (before, it re-read every prompt whole while the
+    target skipped the cached part); greedy outputs stay those of cold runs."""
+    from specstruct.decoding import batch
+
+    started = []
+    original = batch.DraftState.__init__
+
+    def spy(self, runtime, layers=None, tokens=()):
+        started.append(len(tokens))
+        original(self, runtime, layers, tokens)
+
+    monkeypatch.setattr(batch.DraftState, "__init__", spy)
+    eng = _engine(tok, target, close_draft, draft_numerics=draft_numerics)
+    assert [r.token_ids for r in _runs(eng, PASSAGES)] == cold_outputs
+    assert started[0] == 0 and all(n > len(SYSTEM) // 8 for n in started[1:]), started
+    cold = _engine(tok, target, close_draft, draft_numerics=draft_numerics, use_prefix_cache=False)
+    started.clear()
+    _runs(cold, PASSAGES[:2])
+    assert started == [0, 0]  # use_prefix_cache=False: nothing reused, for the draft either
+
+
 @pytest.mark.parametrize("disk", [0, 1 << 24])
 def test_tiny_budget_evicts_or_spills_and_outputs_stay_the_same(tok, target, close_draft, cold_outputs, disk,
                                                                  tmp_path):
