@@ -148,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
     work = extraction_workloads(args.requests)
     work = (work * (args.requests // max(1, len(work)) + 1))[: args.requests]
-    reqs = requests_for(engine, work, max_new_tokens=args.max_new_tokens, enable_speculative=not args.no_spec)
+    reqs = requests_for(engine, work, max_new_tokens=args.max_new_tokens, enable_speculative=not args.no_spec,
+                        use_prefix_cache=False)  # every run sends the same prompts: a warm cache would favour the later
     run_requests(engine, reqs[:1], 1)  # warm-up: measures the policy's costs, fills caches
     print(json.dumps({"model": args.model, "draft": args.draft, "numerics": engine.numerics,
                       "speculative": not args.no_spec, "threads": args.threads}), flush=True)
