@@ -135,10 +135,11 @@ class Scheduler:
         with self._cv:
             while self._closed is None and not self._waiting and not self._active:
                 self._cv.wait()
-            if self._closed is None and not self._active and self.config.timeout_ms > 0:
+            # an idle engine gathers a batch before its first pass (paused requests resume at once)
+            if self._closed is None and not self._active and not self._paused and self.config.timeout_ms > 0:
                 deadline = time.monotonic() + self.config.timeout_ms / 1000
                 while self._closed is None and len(self._waiting) < size and (left := deadline - time.monotonic()) > 0:
-                    self._cv.wait(left)  # an idle engine gathers a batch before its first pass
+                    self._cv.wait(left)
             if self._closed is not None:
                 return False
         for row, req in list(self._active.values()):
