@@ -20,6 +20,7 @@ from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
 from .decoding.kv.memory import KVBudget, build as build_kv_tiers
+from .decoding.preempt import Preemption
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
@@ -73,7 +74,9 @@ class SpecStruct(AsyncCalls):
         self.numerics = self.engine.numerics
         self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
         # One thread owns the models; every call is a request to it (`decoder` swaps the row decoder: tests).
-        self.scheduler = Scheduler(self.engine, self.batch_config, decoder)
+        # Past kv_memory.active_bytes (all running rows) it pauses the newest rows, their KV spilled to kv_store.
+        self._preemption = Preemption(self._kv_budget, self.kv_store)
+        self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
 
     @classmethod
@@ -146,8 +149,10 @@ class SpecStruct(AsyncCalls):
         return base.merged(**overrides)
 
     def cache_info(self) -> dict[str, Any]:
-        """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills."""
-        return self.prefix_cache.info()
+        """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills; and
+        under "preemption": rows paused and resumed (restored, or re-prefilled when their KV was lost), requests
+        paused now, and the spill store ("store": spills, bytes and budgets per tier)."""
+        return dict(self.prefix_cache.info(), preemption=self._preemption.info())
 
     def clear_cache(self) -> None:
         """Drop every cached prompt prefix (those a running request holds stay until it is done)."""

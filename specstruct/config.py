@@ -17,7 +17,9 @@ class KVMemory(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    active_bytes: int | None = Field(4 * GiB, ge=0)  # KV of one running request (target + draft); None: no check
+    # KV of all running requests together (target + draft): past it the scheduler pauses the most recently admitted
+    # rows and moves their KV down (docs/kv-memory.md); a request that cannot fit even alone is refused. None: no limit
+    active_bytes: int | None = Field(4 * GiB, ge=0)
     pinned_bytes: int = Field(2 * GiB, ge=0)  # GPU only: pinned host memory below GPU memory
     disk_bytes: int = Field(4 * GiB, ge=0)  # spill files (safetensors); 0: nothing goes to disk
     directory: str | None = None  # where spill files go (default $SPECSTRUCT_CACHE/kv, ~/.cache/specstruct/kv)

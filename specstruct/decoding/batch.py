@@ -15,6 +15,9 @@ Prefill is bounded per step, not per row: while any row decodes, all prefill chu
 `prefill_chunk` tokens (admission order), so running rows keep their inter-token latency at the price of more
 passes for long prompts (the prefill compute is the same either way; chunking does not change any result).
 
+The scheduler may `pause` a row between steps (its KV handed out, to be spilled) and `resume` it later; a row
+whose spilled KV was lost prefills its prompt and committed tokens again (`Row.fill_to`) before it decodes on.
+
 A row that fails (its constraint raises, say) is finished alone with `finish_reason == "error"` and the exception
 on `row.error`; the other rows are untouched.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from .batch_policy import Demand, allocate
 from .draft_batch import DraftState, Job, run_drafts
+from .kv.layers import SeqKV
 from .row import Row, Step
 
 IDLE_PREFILL = 256  # prefill chunk when no row is decoding (row-invariance of the linear kernel is measured to 300)
@@ -55,22 +59,27 @@ class BatchDecoder:
         self.rows.append(row)
 
     def _start(self, row: Row):
-        """The row's target KV sequence: from the longest cached prefix of its prompt when the prefix cache may
-        serve it (kv/; exact because prefill results do not depend on where a prefix ends), else empty. At least
-        the prompt's last token always runs: its logits are needed."""
+        """The row's target KV sequence, from the longest cached prefix of its prompt. At least the prompt's last
+        token always runs: its logits are needed."""
+        seq, row.prefilled = self._cached(row, row.prompt[:-1])
+        row.stats.cached_prompt_tokens = row.prefilled
+        return seq
+
+    def _cached(self, row: Row, ids: list[int]):
+        """(a new target KV sequence, its length): the longest cached prefix of `ids` when the prefix cache may
+        serve the row (kv/; exact because prefill results do not depend on where a prefix ends), else empty."""
         rt = self.engine.target
         cache = getattr(rt, "prefix_cache", None)
         if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
                 or not row.config.use_prefix_cache:
-            return rt.sequence()
-        hit = cache.lookup((rt.cache_key, row.config.cache_salt), row.prompt[:-1])
+            return rt.sequence(), 0
+        hit = cache.lookup((rt.cache_key, row.config.cache_salt), ids)
         try:
             n = hit.tokens
             seq = rt.sequence(hit.layers if n else None, n)  # a copy: the cache's spans may move from here on
         finally:
             hit.release()
-        row.prefilled = row.stats.cached_prompt_tokens = n
-        return seq
+        return seq, n
 
     def _draft_start(self, row: Row) -> DraftState:
         """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
@@ -109,6 +118,33 @@ class BatchDecoder:
             row.stats.new_tokens = len(row.token_ids)
             row.stats.elapsed_s = time.perf_counter() - row.started
             row.stats.batch_rows = row.rows_seen / row.passes if row.passes else 0.0
+
+    # -- preemption (decoding/preempt.py decides whom and keeps the KV meanwhile) ----------------------------------
+    def pause(self, row: Row) -> tuple[SeqKV, SeqKV | None]:
+        """Take a row out between steps without finishing it: returns what its target and draft caches held
+        (token ids and layers) and forgets them here. Its constraint, drafters, generator and stats stay on it."""
+        self.rows.remove(row)
+        target = _held(row.kv, (row.prompt + row.token_ids)[: row.kv.length])
+        d = row.draft_kv
+        draft = None if d is None else _held(d.kv, d.tokens[: d.kv.length])
+        row.kv = row.draft_kv = None
+        return target, draft
+
+    def resume(self, row: Row, target: SeqKV, draft: SeqKV | None) -> None:
+        """Put a paused row back with what `pause` returned (layers None: lost; the following steps prefill those
+        tokens again, bit for bit the same KV under row-invariant numerics; a lost draft cache catches up)."""
+        rt = self.engine.target
+        if target.layers is not None or not target.tokens:
+            row.kv = rt.sequence(target.layers, len(target.tokens))
+        else:
+            row.fill_to = max(len(row.prompt), len(target.tokens))
+            row.kv, row.prefilled = self._cached(row, target.tokens if row.token_ids else row.prompt[:-1])
+        if draft is not None:
+            row.draft_kv = DraftState(self.draft)
+            if draft.layers is not None:
+                row.draft_kv.kv, row.draft_kv.tokens = self.draft.sequence(draft.layers, len(draft.tokens)), \
+                    list(draft.tokens)
+        self.rows.append(row)
 
     def _alone(self, row: Row) -> bool:
         return row.seeded and not self.draft.row_invariant
@@ -182,7 +218,7 @@ class BatchDecoder:
                                   r.generator, alone=self._alone(r))
         for r, c in chunks:
             if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
-                feed = r.prompt[len(r.draft_kv.tokens) : r.prefilled + len(c)]
+                feed = (r.prompt + r.token_ids)[len(r.draft_kv.tokens) : r.prefilled + len(c)]
                 jobs[id(r)] = Job(r.draft_kv, feed, None, 0, 0.0, None, feed_only=True)
         if not jobs:
             return
@@ -218,7 +254,7 @@ class BatchDecoder:
             keep.append(len(feed))
         for r, c in chunks:
             segs.append((r.kv, c))
-            keep.append(1 if r.prefilled + len(c) == len(r.prompt) else 0)
+            keep.append(1 if r.prefilled + len(c) == r.fill_to and not r.token_ids else 0)  # a re-prefill: none
         if not segs:
             return
         members = verifying + [r for r, _ in chunks]
@@ -237,7 +273,7 @@ class BatchDecoder:
             try:
                 if r.prefilling:
                     r.prefilled += len(segs[members.index(r)][1])
-                    if not r.prefilling:
+                    if not r.prefilling and not r.token_ids:
                         self._remember(r)
                         out[id(r)] += r.after_prefill(lg[-1])
                 else:
@@ -245,6 +281,10 @@ class BatchDecoder:
                     out[id(r)] += r.verify(steps[id(r)], lg, masks[id(r)])
             except Exception as err:
                 self._fail(r, err)
+
+
+def _held(seq, tokens: list[int]) -> SeqKV:
+    return SeqKV(list(tokens), seq.layers() if seq.length else None)
 
 
 def _stack(qs):

@@ -81,7 +81,8 @@ class Row:
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
         self.draft_kv = None  # the draft model's (draft_batch.DraftState), when one drafts for this row
-        self.prefilled = 0  # prompt tokens in the target cache
+        self.prefilled = 0  # positions in the target cache (prefill and, after a lost spill, its re-prefill)
+        self.fill_to = len(prompt)  # positions to prefill before decoding (more to re-prefill committed tokens)
         self.started = self.last_pass = 0.0
         self.passes = self.rows_seen = 0
 
@@ -145,10 +146,11 @@ class Row:
     # -- prefill ----------------------------------------------------------------------------------------------
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
+        return self.prefilled < self.fill_to
 
     def prefill_chunk(self, limit: int) -> list[int]:
-        return self.prompt[self.prefilled : self.prefilled + limit]
+        ids = self.prompt if self.fill_to <= len(self.prompt) else self.prompt + self.token_ids
+        return ids[self.prefilled : min(self.prefilled + limit, self.fill_to)]
 
     def after_prefill(self, logits: torch.Tensor) -> list[int]:
         """The target's first choice after the prompt, committed."""

@@ -1,12 +1,17 @@
 """The scheduler: one background thread owns the models; requests from any thread or asyncio task queue up.
 
     submit() ──> waiting (FIFO, at most max_queue) ──admit──> decoder rows (at most max_batch_size) ──step()──>
-                                                              tokens to each request's consumer
+                 ▲                                                  │            tokens to each request's consumer
+                 └── preempt: back to the front, KV spilled down ───┘
 
 - An idle engine collects arrivals for up to `timeout_ms` before its first pass, then admits in arrival order
   ("sequential"); a finished row's slot is refilled before the next step (continuous batching).
 - Past `max_queue` waiting requests, `submit` raises OverloadedError at once.
 - A consumer that goes away calls `Request.cancel()`; the row leaves before the next step and frees its slot.
+- KV memory (`kv_memory.active_bytes`, all running rows together; decoding/preempt.py): before admitting, the
+  most recently admitted rows are paused while the running ones would not fit; a paused request waits at the
+  front of the queue (new arrivals wait behind it) and resumes where it was once it fits. A request is admitted
+  only when it fits next to the running rows (or runs alone).
 - Tokens go to consumers through unbounded per-request queues, so a slow reader never blocks the loop.
 """
 
@@ -21,6 +26,7 @@ from specstruct.config import BatchConfig
 from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
 from .batch import BatchDecoder
 from .engine import Decode, Engine
+from .preempt import Preemption, held
 from .request import Request
 from .serial import SerialBatchDecoder
 
@@ -42,13 +48,16 @@ DEFAULT_DECODER: DecoderFactory = BatchDecoder
 class Scheduler:
     """Queue, admission, cancellation and the decode loop for one engine."""
 
-    def __init__(self, engine: Engine, config: BatchConfig | None = None, decoder: DecoderFactory | None = None):
+    def __init__(self, engine: Engine, config: BatchConfig | None = None, decoder: DecoderFactory | None = None,
+                 *, preemption: Preemption | None = None):
         self.engine, self.config = engine, config or BatchConfig()
         self._factory = decoder or DEFAULT_DECODER
         self.decoder: RowDecoder | None = None
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._active: dict[int, tuple[Decode, Request]] = {}  # id(row) -> (row, request); loop thread only
+        self._paused: dict[Request, Decode] = {}  # paused requests (queued in _waiting) -> their rows
+        self.preemption = preemption  # None: no KV budget across rows (a decoder without pause/resume)
         self._thread: threading.Thread | None = None
         self._closed: BaseException | None = None
         self.passes = 0  # decoder steps run (one target pass each with the batched decoder)
@@ -59,7 +68,7 @@ class Scheduler:
         with self._cv:
             if self._closed is not None:
                 raise EngineClosedError(f"the engine is closed ({self._closed}); build a new SpecStruct")
-            if len(self._waiting) >= self.config.max_queue:
+            if len(self._waiting) - len(self._paused) >= self.config.max_queue:  # paused ones hold no place
                 raise OverloadedError(
                     f"{len(self._waiting)} requests are already waiting (BatchConfig.max_queue="
                     f"{self.config.max_queue}): retry later, raise max_queue, or send fewer requests at once")
@@ -79,6 +88,10 @@ class Scheduler:
     def active(self) -> int:
         return len(self._active)
 
+    @property
+    def paused(self) -> int:
+        return len(self._paused)
+
     def close(self, timeout: float = 2.0) -> None:
         """Stop the loop: waiting requests fail with EngineClosedError, the running ones at the next step."""
         with self._cv:
@@ -97,6 +110,8 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.decoder = self._factory(self.engine)
+            if not hasattr(self.decoder, "pause"):
+                self.preemption = None
             while self._admit():
                 if len(self.decoder):
                     self._step()
@@ -112,7 +127,7 @@ class Scheduler:
         for row, req in list(self._active.values()):
             self._drop(row, req, reason)
         for req in waiting:
-            req.end(reason)
+            self._end_waiting(req, reason)
 
     def _admit(self) -> bool:
         """Wait for work, then admit waiting requests into free slots (arrival order). False once closed."""
@@ -120,34 +135,78 @@ class Scheduler:
         with self._cv:
             while self._closed is None and not self._waiting and not self._active:
                 self._cv.wait()
-            if self._closed is None and not self._active and self.config.timeout_ms > 0:
+            # an idle engine gathers a batch before its first pass (paused requests resume at once)
+            if self._closed is None and not self._active and not self._paused and self.config.timeout_ms > 0:
                 deadline = time.monotonic() + self.config.timeout_ms / 1000
                 while self._closed is None and len(self._waiting) < size and (left := deadline - time.monotonic()) > 0:
-                    self._cv.wait(left)  # an idle engine gathers a batch before its first pass
+                    self._cv.wait(left)
             if self._closed is not None:
                 return False
-            new = []
-            while self._waiting and len(self._active) + len(new) < size:
-                req = self._waiting.popleft()
-                if req.cancelled:
-                    req.end(None)
-                else:
-                    new.append(req)
         for row, req in list(self._active.values()):
             if req.cancelled:
                 self._drop(row, req, None)
+        self._make_room()  # before admission: a row resumed below is never paused again in the same step
+        with self._cv:
+            gone = [req for req in self._waiting if req.cancelled]  # now, not when a slot frees (spilled KV)
+            if gone:
+                self._waiting = deque(req for req in self._waiting if not req.cancelled)
+            new, running = [], [held(row) for row, _ in self._active.values()]
+            while self._waiting and len(self._active) + len(new) < size:
+                req = self._waiting[0]
+                if not self._fits(running, self._held(req)):
+                    break  # in order: nobody overtakes a paused request (or an older one) that does not fit yet
+                running.append(self._held(req))
+                new.append(self._waiting.popleft())
+            head = self._paused.get(self._waiting[0]) if self._waiting else None
+        for req in gone:
+            self._end_waiting(req, None)
         for req in new:
             self._start(req)
+        if head is not None:
+            self.preemption.prefetch(head)  # next in line: read its KV back while the others step
         return True
 
+    def _held(self, req: Request) -> int:
+        row = self._paused.get(req)
+        return len(req.prompt) if row is None else held(row)
+
+    def _fits(self, running: list[int], tokens: int) -> bool:
+        return self.preemption is None or self.preemption.fits(running, tokens)
+
+    def _make_room(self) -> None:
+        """Pause the most recently admitted rows while the running ones' KV would not fit the active tier."""
+        if self.preemption is None:
+            return
+        for row in self.preemption.victims([row for row, _ in self._active.values()]):
+            _, req = self._active.pop(id(row))
+            self.preemption.pause(self.decoder, row)
+            with self._cv:
+                self._paused[req] = row
+                self._waiting.appendleft(req)  # victims come newest first: the queue keeps admission order
+
     def _start(self, req: Request) -> None:
+        paused = self._paused.get(req)
         try:
-            row = self.engine.decode(req.prompt, req.constraint, req.config)
-            self.decoder.add(row)
+            if paused is not None:
+                self.preemption.resume(self.decoder, paused)
+                row = self._paused.pop(req)
+            else:
+                row = self.engine.decode(req.prompt, req.constraint, req.config)
+                self.decoder.add(row)
         except Exception as err:  # noqa: BLE001 - this request fails alone, before it takes a slot
-            req.end(err)
+            self._end_waiting(req, err)
             return
         self._active[id(row)] = (row, req)
+
+    def _end_waiting(self, req: Request, error: BaseException | None) -> None:
+        """End a request that is not running: cancelled or failed in the queue, or the engine closed. A paused
+        one frees its spilled KV and keeps its row (what it emitted, its stats)."""
+        row = self._paused.pop(req, None)
+        if row is None:
+            req.end(error)
+            return
+        self.preemption.discard(row)
+        self._drop(row, req, error)
 
     def _drop(self, row: Decode, req: Request, error: BaseException | None) -> None:
         self._active.pop(id(row), None)

@@ -41,23 +41,33 @@ def build(prefix_cache_bytes: int, kv_memory: Any, device: torch.device | str = 
 
 
 class KVBudget:
-    """How many KV bytes one running request needs (target + draft), checked before it starts."""
+    """The active tier: KV bytes of all running requests together (target + draft) against
+    `kv_memory.active_bytes`. `check` refuses, before it starts, a request that could not fit even alone; the
+    scheduler pauses rows (decoding/preempt.py) when the running ones together would not fit."""
 
     def __init__(self, active_bytes: int | None, *models: Any, headroom_tokens: int = 17):
         self.active_bytes = active_bytes
         self.per_token = sum(bytes_per_token(m.config, _kv_dtype(m)) for m in models if m is not None)
         self.headroom = headroom_tokens  # a verification pass appends up to max candidates + 1 before cropping
 
+    def need(self, tokens: int) -> int:
+        """Bytes a row holding `tokens` needs through its next step (a verification pass's headroom added)."""
+        return (tokens + self.headroom) * self.per_token
+
     def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
         if not self.active_bytes:
             return
-        need = (prompt_tokens + max_new_tokens + self.headroom) * self.per_token
+        need = self.need(prompt_tokens + max_new_tokens)
         if need > self.active_bytes:
             raise KVMemoryError(
-                f"this request needs up to {need / MiB:.0f} MiB of KV ({prompt_tokens} prompt + {max_new_tokens} "
-                f"new tokens at {self.per_token / 1024:.0f} KiB per token, target and draft), over "
-                f"kv_memory.active_bytes={self.active_bytes / MiB:.0f} MiB: shorten the prompt, lower "
+                f"this request alone needs up to {_size(need)} of KV ({prompt_tokens} prompt + {max_new_tokens} "
+                f"new tokens at {_size(self.per_token)} per token, target and draft), over "
+                f"kv_memory.active_bytes={_size(self.active_bytes)}: shorten the prompt, lower "
                 "max_new_tokens, or raise SpecConfig.kv_memory.active_bytes")
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.0f} MiB" if n >= 10 * MiB else f"{n / 1024:.0f} KiB" if n >= 10 * 1024 else f"{n} bytes"
 
 
 def _kv_dtype(model: Any) -> torch.dtype:

@@ -41,14 +41,23 @@ class KVStore:
         """Move `seq`'s layers to the first tier with room (the caller drops its own reference)."""
         handle = SpillHandle(list(seq.tokens))
         size = nbytes(seq.layers or [])
+        failed = None
         with self._lock:
             self._n["spills"] += 1
             for i, tier in enumerate(self.tiers):
                 if seq.layers and tier.used + size <= tier.budget:
-                    handle.tier, handle.slot = i, tier.put(seq.layers)
+                    try:
+                        handle.tier, handle.slot = i, tier.put(seq.layers)
+                    except OSError as err:  # a full or unwritable disk: the next tier, else the token ids only
+                        failed = err
+                        continue
                     self._n["spilled_bytes"] += size
                     return handle
             self._n["tokens_only"] += 1
+        if failed is not None:
+            warnings.warn(f"the KV of a {len(handle.tokens)}-token sequence could not be spilled ({failed}): it will "
+                          "be prefilled again from its token ids (the output is unaffected)", KVLostWarning,
+                          stacklevel=2)
         return handle
 
     def prefetch(self, handle: SpillHandle) -> None:

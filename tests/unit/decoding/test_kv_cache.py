@@ -192,3 +192,13 @@ def test_store_spill_restore_and_lost_file(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tiny.restore(tiny.spill(seq)).layers is None  # never fitted: tokens only, no warning
+
+
+def test_store_keeps_the_token_ids_when_a_spill_cannot_be_written(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    store = KVStore([DiskTier(1 << 20, blocker)])  # its spill folder cannot be made: every write fails
+    with pytest.warns(KVLostWarning, match="could not be spilled"):
+        h = store.spill(SeqKV([1, 2, 3], kv([1, 2, 3])))
+    assert h.slot is None and store.info()["tokens_only"] == 1
+    assert store.restore(h).layers is None
