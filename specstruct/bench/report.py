@@ -66,6 +66,10 @@ def table(results: dict[str, Any]) -> Any:
     return t
 
 
+COLD = ("Prefix cache: off on every specstruct side (cold prefill of every prompt, as for the other sides); "
+        "`--scenario pipeline` measures it warm against cold")
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The headline table as Markdown (for docs/benchmarks.md), with the command, machine and numerics."""
     meta = results["meta"]
@@ -88,7 +92,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"max_new_tokens {meta['settings']['max_new_tokens']}, temperature {meta['settings']['temperature']}.",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads, load average "
              f"{m.get('load_average_1m')} at start and {m.get('load_average_1m_end')} at end.",
-             *[f"Numerics of {side}: {desc}." for side, desc in meta["numerics"].items()]]
+             *[f"Numerics of {side}: {desc}." for side, desc in meta["numerics"].items()], COLD]
     return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 
@@ -140,6 +144,7 @@ def print_report(results: dict[str, Any], console: Any = None) -> None:
                   f"-> {meta['machine'].get('load_average_1m_end')} (above the core count means shared CPU: noisy)")
     for side, desc in meta["numerics"].items():
         console.print(f"numerics {side}: {desc}")
+    console.print(COLD.lower())
     for line in problems(results):
         console.print(f"[yellow]! {line}[/yellow]")
 
