@@ -117,7 +117,8 @@ def main(
         with console.status("loading models"):
             engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
         pipeline(engine, console, limit, max_new_tokens, out, markdown_out,
-                 None if quiet else lambda done, total, what: console.log(f"{done}/{total} {what}"))
+                 None if quiet else lambda done, total, what: console.log(f"{done}/{total} {what}"),
+                 others=not quick)  # --quick: in sequence only (no batched run, no outlines)
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):

@@ -162,6 +162,19 @@ def markdown(res: dict[str, Any]) -> str:
         f"{w['cached_prompt_tokens_median']:.0f} | {c['prompt_tokens_median']:.0f} / 0 | |",
         f"| outputs identical | {s['identical']} | | |",
     ]
+    b = res.get("batched")
+    if b:
+        lines.insert(-1, f"| end-to-end JSON tokens/s, all {n} passages at once (batched) | "
+                         f"{b['cache']['tokens_per_s']:.2f} | {b['no_cache']['tokens_per_s']:.2f} | {b['speedup']:.2f}x |")
+        lines.insert(-1, f"| batched outputs identical (cache on vs off) | {b['identical']} | | |")
+    o = res.get("outlines")
+    if o and "skipped" not in o:
+        lines += ["", f"outlines on the same weights ({o['numerics']}), the same {o['calls']} passages one at a time: "
+                      f"{o['tokens_per_s']:.2f} tokens/s end to end, {o['valid']}/{o['calls']} valid; specstruct with "
+                      f"the prefix cache, in sequence: {w['e2e_tokens_per_s'] / o['tokens_per_s']:.2f}x that"
+                      + (f", batched: {b['cache']['tokens_per_s'] / o['tokens_per_s']:.2f}x." if b else ".")]
+    elif o:
+        lines += ["", f"outlines: {o['skipped']}"]
     if "chunking" in res:
         ch = res["chunking"]
         lines += ["", f"Chunked prefill ({ch['chunk']}-token chunks, row-wise attention) vs one stock-SDPA block, "
@@ -172,8 +185,10 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out: str | None,
-         markdown_out: str | None, progress: Callable[[int, int, str], None] | None) -> dict[str, Any]:
-    """`specstruct bench --scenario pipeline`: the chunking cost, then the pipeline; prints the Markdown table."""
+         markdown_out: str | None, progress: Callable[[int, int, str], None] | None,
+         others: bool = True) -> dict[str, Any]:
+    """`specstruct bench --scenario pipeline`: the chunking cost, the pipeline in sequence, then (with `others`)
+    the same passages batched and through outlines; prints the Markdown table."""
     import json
     from pathlib import Path
 
@@ -186,6 +201,12 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
     if progress:
         progress(0, 1, f"chunked vs one block: {res['chunking']['median_s']} -> {res['chunking']['ratio']:.2f}x")
     res.update(run_pipeline(engine, limit or 10, max_new_tokens, progress))
+    if others:
+        from .pipeline_sides import run_batched, run_outlines
+
+        passages = pipeline_passages(limit or 10)
+        res["batched"] = run_batched(engine, SYSTEM, passages, max_new_tokens, progress)
+        res["outlines"] = run_outlines(engine, SYSTEM, passages, max_new_tokens, progress)
     text = markdown(res)
     console.print(text)
     if out:
