@@ -129,7 +129,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
 
 _LIMIT_WORDS = {"fuel": "llguidance lexer fuel", "lexer states": "llguidance max_lexer_states",
                 "grammar size": "llguidance max_grammar_size", "too many items": "llguidance step_max_items",
-                "recursion limit": "max_schema_depth"}
+                "recursion limit": "max_schema_depth", "determine if regex is empty": "llguidance lexer fuel"}
 
 
 def _error(message: str, schema: Any) -> ConstraintError:
