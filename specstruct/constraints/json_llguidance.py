@@ -5,7 +5,9 @@ milliseconds whatever the bounds (`maxItems: 1e9`, `minLength: 100000`, recursiv
 rules, not unrolled), and every step is bounded by its fuel limits (limits.llguidance_limits()). It
 enforces numeric bounds, `allOf`, `patternProperties`, `additionalProperties` and formats itself, refuses
 `oneOf` unless its branches are provably disjoint, and errors on any keyword it does not implement: so a
-schema is either guaranteed or refused, never silently widened. Only a `format` it does not know is dropped
+schema is either guaranteed or refused, never silently widened. `not` and `dependencies` (which llguidance lacks)
+are first rewritten into exact positive equivalents where they have one (schema_logic.py); the rest stay refused.
+Only a `format` it does not know is dropped
 (JSON Schema makes an unknown format an annotation, which validators do not check either). JSON is written in `json.dumps` form
 (", " and ": ", no other whitespace), as the engine and its speculative drafter expect.
 
@@ -23,6 +25,7 @@ from typing import Any, Sequence
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limits, too_complex
+from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
 from specstruct.errors import ConstraintError
 
 OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False, "coerce_one_of": False,
@@ -56,7 +59,8 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
     """Objects whose schema says nothing about undeclared keys get only their declared properties (as OpenAI's
     structured outputs and outlines do): an open object would let the model invent keys. Every generated value
     still validates; valid instances with undeclared keys are rejected (documented in docs/conformance.md).
-    `allOf` members stay open: each adds properties to the others."""
+    `allOf` members stay open: each adds properties to the others. Negated and dependency subschemas are left as
+    written (schema_logic rewrites them): closing inside a `not` would widen it."""
     if isinstance(node, list):
         return [close_objects(n, in_all_of) for n in node]
     if not isinstance(node, dict):
@@ -65,7 +69,7 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
     for k, v in node.items():
         if k in _MAPS and isinstance(v, dict):  # name -> schema maps: their keys are names, not keywords
             out[k] = {name: close_objects(s) for name, s in v.items()}
-        elif k in _DATA:
+        elif k in _DATA or k in _AS_WRITTEN:
             out[k] = v
         else:
             out[k] = close_objects(v, k == "allOf")
@@ -77,8 +81,16 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
     return out
 
 
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _DATA = ("const", "enum", "default", "examples", "required")
+_AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired")
+
+
+def prepare(source: str | dict | bool) -> Any:
+    """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed, then `not` and dependency
+    keywords rewritten into exact positive equivalents where they have one (schema_logic)."""
+    schema = discriminated_oneofs(parse_schema(source))
+    return rewrite_logic(close_objects(schema), original=schema)
 
 
 def check_support(source: str) -> None:
@@ -86,7 +98,7 @@ def check_support(source: str) -> None:
     cheap enough to run before a model loads (the CLI does)."""
     from llguidance import LLMatcher
 
-    schema = close_objects(discriminated_oneofs(parse_schema(source)))
+    schema = prepare(source)
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
     except (ValueError, RuntimeError) as e:
@@ -103,7 +115,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     key = (table.key, vocab_size, source)
     template = TEMPLATES.get(key)
     if template is None:
-        schema = close_objects(discriminated_oneofs(parse_schema(source)))
+        schema = prepare(source)
         lltok = _lltokenizer(tokenizer, table, vocab_size)
         for _ in range(32):  # drop the formats llguidance does not know, one per round
             try:
@@ -215,11 +227,7 @@ def _deref(root: Any, node: Any) -> Any:
         ref = node.get("$ref") if isinstance(node, dict) else None
         if not (isinstance(ref, str) and ref.startswith("#")):
             return node
-        target = root
-        for part in (p for p in ref[1:].split("/") if p):
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target.get(part) if isinstance(target, dict) else None
-        node = target
+        node = resolve_pointer(root, ref)
     return node
 
 
