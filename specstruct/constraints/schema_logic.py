@@ -35,7 +35,7 @@ def rewrite_logic(schema: Any, original: Any = None) -> Any:
     rewritten into `allOf` members of its node; the others are left as written. A negated `$ref` is read in
     `original` (the schema before objects were closed: negating a narrowed schema would widen it)."""
     if any(re.search(r"/(not|dependencies|dependentSchemas|dependentRequired)(/|$)", r)
-           for r in _strings(schema, "$ref")):
+           for r in _refs(schema)):
         return schema  # a $ref into a subschema this pass rewrites: leave the whole schema as written
     _walk(schema, schema if original is None else original)
     return schema
@@ -145,12 +145,11 @@ def _negate_keyword(k: str, v: Any, root: Any, refs: tuple) -> list:
         out = [{"type": "object", "required": [n], "properties": {n: negate(s, root, refs)}} for n, s in v.items()]
         return [o for o in out if o["properties"][o["required"][0]] is not False]
     if k == "not":
-        positive = copy.deepcopy(v)
-        _walk(positive, root)
-        if _holds(positive, "not") or any(_holds(positive, d) for d in _DEPENDENCY_KEYS) \
-                or any(r in refs for r in _strings(positive, "$ref")):
-            raise Unsupported("not")  # left as written, or a $ref back into what is being negated
-        return [positive]
+        return [_positive(v, root, refs)]
+    if k == "oneOf" and isinstance(v, list) and len(v) <= 4:  # none holds, or two do
+        positive = [_positive(s, root, refs) for s in v]
+        pairs = [_all([a, b]) for i, a in enumerate(positive) for b in positive[i + 1:]]
+        return [_all([negate(s, root, refs) for s in v]), *pairs]
     if k == "anyOf" and isinstance(v, list):
         return [_all([negate(s, root, refs) for s in v])]
     if k == "allOf" and isinstance(v, list):
@@ -166,6 +165,16 @@ def _negate_keyword(k: str, v: Any, root: Any, refs: tuple) -> list:
     if k == "const":
         return _not_in([v])
     raise Unsupported(k)
+
+
+def _positive(schema: Any, root: Any, refs: tuple) -> Any:
+    """`schema` itself, as a positive schema (a copy with its own negations rewritten), or Unsupported."""
+    positive = copy.deepcopy(schema)
+    _walk(positive, root)
+    if _holds(positive, "not") or any(_holds(positive, d) for d in _DEPENDENCY_KEYS) \
+            or any(r in refs for r in _refs(positive)):
+        raise Unsupported("not")  # left as written, or a $ref back into what is being negated
+    return positive
 
 
 def _all(members: list) -> Any:
@@ -204,12 +213,23 @@ def _not_in(values: list) -> list:
         raise Unsupported("enum of strings holding a quote or backslash")  # llguidance 1.9: see _complement
     if kinds["string"]:
         out.append({"type": "string", "pattern": "^" + _complement(sorted(set(kinds["string"]))) + "$"})
-    for kind, empty in (("array", "minItems"), ("object", "minProperties")):
+    for kind in ("array", "object"):
         if kinds[kind]:
-            if any(kinds[kind]):
-                raise Unsupported(f"enum of non-empty {kind}s")
-            out.append({"type": kind, empty: 1})
+            out.append(_all([{"type": kind}] + [_any(_differs(v)) for v in kinds[kind]]))
     return out
+
+
+def _differs(value: list | dict) -> list:
+    """The alternatives of "an array (object) that is not `value`": another length (size), a missing key, or an
+    item (property) that differs."""
+    if isinstance(value, list):
+        out = [{"type": "array", "minItems": len(value) + 1}] + (
+            [{"type": "array", "maxItems": len(value) - 1}] if value else [])
+        return out + [{"type": "array", "minItems": i + 1, "prefixItems": [{}] * i + [_any(_not_in([x]))]}
+                      for i, x in enumerate(value)]
+    out = [{"type": "object", "minProperties": len(value) + 1}]
+    out += [{"type": "object", "properties": {k: False}} for k in value]
+    return out + [{"type": "object", "required": [k], "properties": {k: _any(_not_in([x]))}} for k, x in value.items()]
 
 
 def _complement(words: list[str]) -> str:
@@ -250,30 +270,22 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return target
 
 
-def _strings(node: Any, key: str):
-    """Every string value of `key` in the schema."""
+def _nodes(node: Any, data: bool = False):
+    """Every object in `node`, inside enum/const/... values too if `data`."""
     todo = [node]
     while todo:
         n = todo.pop()
         if isinstance(n, dict):
-            if isinstance(n.get(key), str):
-                yield n[key]
-            todo.extend(n.values())
+            yield n
+            todo.extend(v for k, v in n.items() if data or k not in _DATA)
         elif isinstance(n, list):
             todo.extend(n)
 
 
 def _holds(node: Any, keyword: str) -> bool:
-    return any(True for _ in _keys(node, keyword))
+    """Whether a schema node in `node` holds `keyword`."""
+    return any(keyword in n for n in _nodes(node))
 
 
-def _keys(node: Any, keyword: str):
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, dict):
-            if keyword in n:
-                yield n
-            todo.extend(v for k, v in n.items() if k not in _DATA)
-        elif isinstance(n, list):
-            todo.extend(n)
+def _refs(node: Any) -> list[str]:
+    return [n["$ref"] for n in _nodes(node, data=True) if isinstance(n.get("$ref"), str)]
