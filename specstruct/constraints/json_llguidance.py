@@ -75,8 +75,11 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
             out[k] = close_objects(v, k == "allOf")
     declared = out.get("properties")
     required = out.get("required") if isinstance(out.get("required"), list) else []
+    for deps in (out.get("dependencies"), out.get("dependentRequired")):  # required once another key is there
+        if isinstance(deps, dict):
+            required = required + [n for d in deps.values() if isinstance(d, list) for n in d]
     if (not in_all_of and isinstance(declared, dict) and not any(k in out for k in _OPEN_KEYS)
-            and all(name in declared for name in required)):  # a required undeclared key keeps it open
+            and all(name in declared for name in required)):  # a (dependent) required undeclared key keeps it open
         out["additionalProperties"] = False
     return out
 
@@ -157,6 +160,9 @@ def _error(message: str, schema: Any) -> ConstraintError:
                                          if k.lower() in lower or k in message), None)
     if "not present in a registry" in message or "retriev" in lower:
         keyword, why = "$ref", "remote or unresolvable $ref (only local references '#/...' are followed)"
+    elif "unsatisfiable" in lower:
+        return ConstraintError(f"this JSON schema admits no value (at all, or once objects get only their declared "
+                               f"properties): {message}. Check enum/const lists, bounds and required properties.")
     elif "oneof" in lower:
         why = "its branches may overlap, so exactly-one cannot be guaranteed; use anyOf if overlap is fine"
     else:

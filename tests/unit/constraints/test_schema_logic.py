@@ -185,3 +185,17 @@ def test_complement_regex_matches_exactly_the_other_strings(words, probes):
     regex = re.compile(_complement(sorted(set(words))))  # the syntax llguidance reads, which Python reads alike
     for s in probes + words:
         assert bool(regex.fullmatch(s)) == (s not in words), (words, s)
+
+
+def test_a_key_required_only_through_a_dependency_keeps_the_object_open(tok):
+    """Closing would forbid `b`, which `a` requires: the object would admit no `a` at all (a Glaive schema did)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}}
+    assert "additionalProperties" not in prepare(schema)
+    c = make(tok, schema)
+    assert c.accepts('{"a": 1, "b": 2}') and not c.accepts('{"a": 1}') and c.accepts("{}")
+
+
+def test_a_negation_that_leaves_nothing_admits_no_value(tok):
+    with pytest.raises(ConstraintError, match="admits no value"):
+        make(tok, {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                   "not": {"type": "object"}})
