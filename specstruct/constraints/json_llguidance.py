@@ -5,7 +5,9 @@ milliseconds whatever the bounds (`maxItems: 1e9`, `minLength: 100000`, recursiv
 rules, not unrolled), and every step is bounded by its fuel limits (limits.llguidance_limits()). It
 enforces numeric bounds, `allOf`, `patternProperties`, `additionalProperties` and formats itself, refuses
 `oneOf` unless its branches are provably disjoint, and errors on any keyword it does not implement: so a
-schema is either guaranteed or refused, never silently widened. Only a `format` it does not know is dropped
+schema is either guaranteed or refused, never silently widened. `not` and `dependencies` (which llguidance lacks)
+are first rewritten into exact positive equivalents where they have one (schema_logic.py); the rest stay refused.
+Only a `format` it does not know is dropped
 (JSON Schema makes an unknown format an annotation, which validators do not check either). JSON is written in `json.dumps` form
 (", " and ": ", no other whitespace), as the engine and its speculative drafter expect.
 
@@ -23,6 +25,7 @@ from typing import Any, Sequence
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limits, too_complex
+from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
 from specstruct.errors import ConstraintError
 
 OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False, "coerce_one_of": False,
@@ -56,7 +59,8 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
     """Objects whose schema says nothing about undeclared keys get only their declared properties (as OpenAI's
     structured outputs and outlines do): an open object would let the model invent keys. Every generated value
     still validates; valid instances with undeclared keys are rejected (documented in docs/conformance.md).
-    `allOf` members stay open: each adds properties to the others."""
+    `allOf` members stay open: each adds properties to the others. Negated and dependency subschemas are left as
+    written (schema_logic rewrites them): closing inside a `not` would widen it."""
     if isinstance(node, list):
         return [close_objects(n, in_all_of) for n in node]
     if not isinstance(node, dict):
@@ -65,20 +69,31 @@ def close_objects(node: Any, in_all_of: bool = False) -> Any:
     for k, v in node.items():
         if k in _MAPS and isinstance(v, dict):  # name -> schema maps: their keys are names, not keywords
             out[k] = {name: close_objects(s) for name, s in v.items()}
-        elif k in _DATA:
+        elif k in _DATA or k in _AS_WRITTEN:
             out[k] = v
         else:
             out[k] = close_objects(v, k == "allOf")
     declared = out.get("properties")
     required = out.get("required") if isinstance(out.get("required"), list) else []
+    for deps in (out.get("dependencies"), out.get("dependentRequired")):  # required once another key is there
+        if isinstance(deps, dict):
+            required = required + [n for d in deps.values() if isinstance(d, list) for n in d]
     if (not in_all_of and isinstance(declared, dict) and not any(k in out for k in _OPEN_KEYS)
-            and all(name in declared for name in required)):  # a required undeclared key keeps it open
+            and all(name in declared for name in required)):  # a (dependent) required undeclared key keeps it open
         out["additionalProperties"] = False
     return out
 
 
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _DATA = ("const", "enum", "default", "examples", "required")
+_AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired")
+
+
+def prepare(source: str | dict | bool) -> Any:
+    """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed, then `not` and dependency
+    keywords rewritten into exact positive equivalents where they have one (schema_logic)."""
+    schema = discriminated_oneofs(parse_schema(source))
+    return rewrite_logic(close_objects(schema), original=schema)
 
 
 def check_support(source: str) -> None:
@@ -86,7 +101,7 @@ def check_support(source: str) -> None:
     cheap enough to run before a model loads (the CLI does)."""
     from llguidance import LLMatcher
 
-    schema = close_objects(discriminated_oneofs(parse_schema(source)))
+    schema = prepare(source)
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
     except (ValueError, RuntimeError) as e:
@@ -103,7 +118,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     key = (table.key, vocab_size, source)
     template = TEMPLATES.get(key)
     if template is None:
-        schema = close_objects(discriminated_oneofs(parse_schema(source)))
+        schema = prepare(source)
         lltok = _lltokenizer(tokenizer, table, vocab_size)
         for _ in range(32):  # drop the formats llguidance does not know, one per round
             try:
@@ -129,7 +144,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
 
 _LIMIT_WORDS = {"fuel": "llguidance lexer fuel", "lexer states": "llguidance max_lexer_states",
                 "grammar size": "llguidance max_grammar_size", "too many items": "llguidance step_max_items",
-                "recursion limit": "max_schema_depth"}
+                "recursion limit": "max_schema_depth", "determine if regex is empty": "llguidance lexer fuel"}
 
 
 def _error(message: str, schema: Any) -> ConstraintError:
@@ -145,6 +160,9 @@ def _error(message: str, schema: Any) -> ConstraintError:
                                          if k.lower() in lower or k in message), None)
     if "not present in a registry" in message or "retriev" in lower:
         keyword, why = "$ref", "remote or unresolvable $ref (only local references '#/...' are followed)"
+    elif "unsatisfiable" in lower:
+        return ConstraintError(f"this JSON schema admits no value (at all, or once objects get only their declared "
+                               f"properties): {message}. Check enum/const lists, bounds and required properties.")
     elif "oneof" in lower:
         why = "its branches may overlap, so exactly-one cannot be guaranteed; use anyOf if overlap is fine"
     else:
@@ -215,11 +233,7 @@ def _deref(root: Any, node: Any) -> Any:
         ref = node.get("$ref") if isinstance(node, dict) else None
         if not (isinstance(ref, str) and ref.startswith("#")):
             return node
-        target = root
-        for part in (p for p in ref[1:].split("/") if p):
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target.get(part) if isinstance(target, dict) else None
-        node = target
+        node = resolve_pointer(root, ref)
     return node
 
 
