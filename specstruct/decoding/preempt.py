@@ -11,6 +11,7 @@ output). A row keeps everything else (constraint, drafters, generator, stats, em
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from .kv.memory import KVBudget
@@ -28,7 +29,8 @@ class Preemption:
     def __init__(self, budget: KVBudget, store: KVStore):
         self.budget, self.store = budget, store
         self._spilled: dict[int, tuple[SpillHandle, SpillHandle | None]] = {}  # id(row) -> target, draft
-        self._n = dict(preemptions=0, resumes=0, restored=0, reprefilled=0)
+        self._n = dict(preemptions=0, resumes=0, restored=0, reprefilled=0, spill_s=0.0, restore_s=0.0,
+                       spilled_tokens=0)
 
     @property
     def enabled(self) -> bool:
@@ -53,8 +55,11 @@ class Preemption:
         return out
 
     def pause(self, decoder: Any, row: Any) -> None:
+        t0 = time.perf_counter()
         target, draft = decoder.pause(row)
         self._spilled[id(row)] = (self.store.spill(target), None if draft is None else self.store.spill(draft))
+        self._n["spill_s"] += time.perf_counter() - t0
+        self._n["spilled_tokens"] += len(target.tokens)
         row.stats.preempted += 1
         self._n["preemptions"] += 1
 
@@ -66,9 +71,11 @@ class Preemption:
 
     def resume(self, decoder: Any, row: Any) -> None:
         """Put a paused row back into `decoder` (a lost spill warns with KVLostWarning and is prefilled again)."""
+        t0 = time.perf_counter()
         target, draft = self._spilled.pop(id(row))
         seq = self.store.restore(target)
         decoder.resume(row, seq, None if draft is None else self.store.restore(draft))
+        self._n["restore_s"] += time.perf_counter() - t0  # the waiting part: prefetch may have read it already
         self._n["resumes"] += 1
         self._n["restored" if seq.layers is not None or not seq.tokens else "reprefilled"] += 1
 
