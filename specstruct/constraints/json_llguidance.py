@@ -207,7 +207,9 @@ def _drop_format(schema: Any, name: str) -> bool:
 def discriminated_oneofs(schema: Any) -> Any:
     """A copy of `schema` where each `oneOf` whose branches are told apart by a discriminator (a property every
     branch requires, with pairwise disjoint const/enum values, as Pydantic's tagged unions write them) is an
-    `anyOf`: at most one branch can match, so the two are equivalent. llguidance cannot see that through $refs."""
+    `anyOf`: at most one object can match, so the two are equivalent on objects. A non-object satisfies every branch
+    that does not fix its type (`required` and `properties` hold for it), so exactly-one fails it: the node becomes
+    `type: object` (a oneOf under another type is left as written). llguidance cannot see that through $refs."""
     schema = copy.deepcopy(schema)
     todo = [schema]
     while todo:
@@ -220,8 +222,10 @@ def discriminated_oneofs(schema: Any) -> Any:
         todo.extend(node.values())
         branches = node.get("oneOf")
         if isinstance(branches, list) and len(branches) > 1 and "anyOf" not in node:
-            if _discriminator(schema, [_deref(schema, b) for b in branches]):
-                node["anyOf"] = node.pop("oneOf")
+            kind = node.get("type", "object")
+            if (kind == "object" or isinstance(kind, list) and "object" in kind) and _discriminator(
+                    schema, [_deref(schema, b) for b in branches]):
+                node["anyOf"], node["type"] = node.pop("oneOf"), "object"
     return schema
 
 

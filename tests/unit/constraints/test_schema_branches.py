@@ -57,6 +57,11 @@ CASES = {
         {"type": "object", "required": ["type"], "properties": {"type": {"const": t}, "n": {"type": "integer"}}}
         for t in ("A", "B", "C", "D", "E")]}, [None, {"type": "A"}, {"type": "E", "n": 3}],
         [{"type": "F"}, {}, 1, {"type": "A", "n": "x"}]),
+    # a tagged union whose branches do not say `type: object`: every non-object satisfies both, so fails oneOf
+    "oneOf tagged, untyped": ({"oneOf": [{"properties": {"p": {"const": "a"}}, "required": ["p"]},
+                                         {"properties": {"p": {"const": "b"}, "q": {"type": "integer"}},
+                                          "required": ["p"]}]},
+                              [{"p": "a"}, {"p": "b", "q": 1}], [{"p": "c"}, 1, "x", None, [], {}]),
     "if then else": ({"if": {"type": "string"}, "then": {"maxLength": 2}, "else": {"type": "number"}},
                      ["ab", "", 3, 2.5], ["abc", None, []]),
     "if then else objects": ({**KIND, "if": {"properties": {"kind": {"const": "x"}}}, "then": {"required": ["n"]},
