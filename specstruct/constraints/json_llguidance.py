@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limits, too_complex
-from specstruct.constraints.schema_branches import AS_WRITTEN, DATA, MAPS, MAX_ONE_OF, rewrite_branches
+from specstruct.constraints.schema_branches import AS_WRITTEN, DATA, MAPS, MAX_ONE_OF, deref, rewrite_branches
 from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
 from specstruct.errors import ConstraintError
 
@@ -224,7 +224,7 @@ def discriminated_oneofs(schema: Any) -> Any:
         if isinstance(branches, list) and len(branches) > 1 and "anyOf" not in node:
             kind = node.get("type", "object")
             if (kind == "object" or isinstance(kind, list) and "object" in kind) and _discriminator(
-                    schema, [_deref(schema, b) for b in branches]):
+                    schema, [deref(schema, b) for b in branches]):
                 node["anyOf"], node["type"] = node.pop("oneOf"), "object"
     return schema
 
@@ -236,7 +236,7 @@ def _discriminator(root: Any, branches: list) -> str | None:
     for name in sorted(common):
         seen: list = []
         for b in branches:
-            prop = _deref(root, b["properties"][name])
+            prop = deref(root, b["properties"][name])
             values = [prop["const"]] if isinstance(prop, dict) and "const" in prop else (
                 prop.get("enum") if isinstance(prop, dict) else None)
             if not isinstance(values, list) or any(v in seen for v in values):
@@ -245,15 +245,6 @@ def _discriminator(root: Any, branches: list) -> str | None:
         else:
             return name
     return None
-
-
-def _deref(root: Any, node: Any) -> Any:
-    for _ in range(8):
-        ref = node.get("$ref") if isinstance(node, dict) else None
-        if not (isinstance(ref, str) and ref.startswith("#")):
-            return node
-        node = resolve_pointer(root, ref)
-    return node
 
 
 def _find(node: Any, keyword: str, path: str = "#") -> str | None:

@@ -107,7 +107,7 @@ def _conditional(node: dict, orig: dict, roots: tuple, one_of: bool) -> Any:
 
 def _excludes(a: Any, b: Any, roots: tuple) -> bool:
     """Whether no value satisfies both `a` (a branch as closed) and `b` (as written), by a cheap sufficient check."""
-    a, b = _deref(roots[0], a), _deref(roots[1], b)
+    a, b = deref(roots[0], a), deref(roots[1], b)
     if a is False or b is False:
         return True
     if not isinstance(a, dict) or not isinstance(b, dict):
@@ -127,7 +127,8 @@ def _excludes(a: Any, b: Any, roots: tuple) -> bool:
     return False
 
 
-def _deref(root: Any, node: Any) -> Any:
+def deref(root: Any, node: Any) -> Any:
+    """`node`, or the node its local `$ref` chain (up to 8 long) leads to in `root`; None past that."""
     for _ in range(8):
         ref = node.get("$ref") if isinstance(node, dict) else None
         if not (isinstance(ref, str) and ref.startswith("#")):
@@ -149,7 +150,7 @@ def _names(required: Any) -> list:
 
 def _values(root: Any, node: Any) -> list | None:
     """The values a const/enum property schema allows, or None."""
-    node = _deref(root, node)
+    node = deref(root, node)
     if isinstance(node, dict) and "const" in node:
         return [node["const"]]
     return node["enum"] if isinstance(node, dict) and isinstance(node.get("enum"), list) else None
