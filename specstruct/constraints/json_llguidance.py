@@ -6,7 +6,8 @@ rules, not unrolled), and every step is bounded by its fuel limits (limits.llgui
 enforces numeric bounds, `allOf`, `patternProperties`, `additionalProperties` and formats itself, refuses
 `oneOf` unless its branches are provably disjoint, and errors on any keyword it does not implement: so a
 schema is either guaranteed or refused, never silently widened. `not` and `dependencies` (which llguidance lacks)
-are first rewritten into exact positive equivalents where they have one (schema_logic.py); the rest stay refused.
+are first rewritten into exact positive equivalents where they have one (schema_logic.py), and so are `if`/`then`/`else`
+and, when llguidance cannot prove a `oneOf`'s branches disjoint, that `oneOf` (schema_branches.py); the rest stay refused.
 Only a `format` it does not know is dropped
 (JSON Schema makes an unknown format an annotation, which validators do not check either). JSON is written in `json.dumps` form
 (", " and ": ", no other whitespace), as the engine and its speculative drafter expect.
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limits, too_complex
+from specstruct.constraints.schema_branches import AS_WRITTEN, DATA, MAPS, MAX_ONE_OF, deref, rewrite_branches
 from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
 from specstruct.errors import ConstraintError
 
@@ -55,59 +57,76 @@ def parse_schema(source: str | dict | bool) -> Any:
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
 
 
-def close_objects(node: Any, in_all_of: bool = False) -> Any:
+def close_objects(node: Any, in_all_of: bool = False, one_of: bool = False) -> Any:
     """Objects whose schema says nothing about undeclared keys get only their declared properties (as OpenAI's
     structured outputs and outlines do): an open object would let the model invent keys. Every generated value
     still validates; valid instances with undeclared keys are rejected (documented in docs/conformance.md).
-    `allOf` members stay open: each adds properties to the others. Negated and dependency subschemas are left as
-    written (schema_logic rewrites them): closing inside a `not` would widen it."""
+    `allOf` members and `then`/`else` stay open: each adds properties to the others. Negated, dependency and `if`
+    subschemas are left as written (schema_logic/schema_branches rewrite them): closing inside a `not` would widen it.
+    So are `oneOf` branches unless `one_of`: exactly-one negates the other branches, and a closed branch would let
+    an instance with an undeclared key match one more (llguidance then proves closed branches disjoint that are not).
+    With `one_of`, schema_branches puts closed branches only where they are positive (and restores the rest)."""
     if isinstance(node, list):
-        return [close_objects(n, in_all_of) for n in node]
+        return [close_objects(n, in_all_of, one_of) for n in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for k, v in node.items():
-        if k in _MAPS and isinstance(v, dict):  # name -> schema maps: their keys are names, not keywords
-            out[k] = {name: close_objects(s) for name, s in v.items()}
-        elif k in _DATA or k in _AS_WRITTEN:
-            out[k] = v
+        if k in MAPS and isinstance(v, dict):  # name -> schema maps: their keys are names, not keywords
+            out[k] = {name: close_objects(s, one_of=one_of) for name, s in v.items()}
+        elif k in DATA or k in AS_WRITTEN or k == "oneOf" and not one_of:
+            out[k] = copy.deepcopy(v) if k in ("if", "oneOf") else v  # copies: later passes rewrite them in place
         else:
-            out[k] = close_objects(v, k == "allOf")
+            out[k] = close_objects(v, k in ("allOf", "then", "else"), one_of)
     declared = out.get("properties")
     required = out.get("required") if isinstance(out.get("required"), list) else []
     for deps in (out.get("dependencies"), out.get("dependentRequired")):  # required once another key is there
         if isinstance(deps, dict):
             required = required + [n for d in deps.values() if isinstance(d, list) for n in d]
+    for branch in (out.get("then"), out.get("else")):  # keys a branch declares or requires keep the object open
+        if isinstance(branch, dict):
+            required = required + list(branch.get("properties") or []) + list(branch.get("required") or [])
     if (not in_all_of and isinstance(declared, dict) and not any(k in out for k in _OPEN_KEYS)
             and all(name in declared for name in required)):  # a (dependent) required undeclared key keeps it open
         out["additionalProperties"] = False
     return out
 
 
-_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_DATA = ("const", "enum", "default", "examples", "required")
-_AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired")
-
-
-def prepare(source: str | dict | bool) -> Any:
-    """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed, then `not` and dependency
-    keywords rewritten into exact positive equivalents where they have one (schema_logic)."""
+def prepare(source: str | dict | bool, one_of: bool = False) -> Any:
+    """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed, then `if`/`then`/`else` (and if
+    `one_of`, every other oneOf), `not` and dependency keywords rewritten into exact positive equivalents where they
+    have one (schema_branches, schema_logic)."""
     schema = discriminated_oneofs(parse_schema(source))
-    return rewrite_logic(close_objects(schema), original=schema)
+    return rewrite_logic(rewrite_branches(close_objects(schema, one_of=one_of), schema, one_of), original=schema)
+
+
+def _grammar(source: str | dict | bool, lltok=None) -> tuple[Any, str, str]:
+    """(prepared schema, llguidance grammar, llguidance's error or ""). A `oneOf` llguidance cannot prove disjoint
+    is rewritten (each branch with the others negated) in a second round; formats it does not know are dropped."""
+    from llguidance import LLMatcher
+
+    for one_of in (False, True):
+        schema = prepare(source, one_of)
+        for _ in range(32):  # drop the formats llguidance does not know, one per round
+            try:
+                grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
+            except (ValueError, RuntimeError) as e:
+                raise _error(str(e), schema) from e
+            error = (LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits()) if lltok is not None
+                     else LLMatcher.validate_grammar(grammar))
+            unknown = re.search(r"Unknown format: (.*?)(?: at |$)", error.strip()) if error else None
+            if unknown is None or not _drop_format(schema, unknown.group(1).strip()):
+                break
+        if not error or "oneOf constraints are not supported" not in error:
+            break
+    return schema, grammar, error
 
 
 def check_support(source: str) -> None:
     """Refuse a schema llguidance cannot guarantee (ConstraintError naming keyword and path) without a tokenizer:
     cheap enough to run before a model loads (the CLI does)."""
-    from llguidance import LLMatcher
-
-    schema = prepare(source)
-    try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
-    except (ValueError, RuntimeError) as e:
-        raise _error(str(e), schema) from e
-    error = LLMatcher.validate_grammar(grammar)
-    if error and "Unknown format" not in error:  # unknown formats are dropped at compile time
+    schema, _, error = _grammar(source)
+    if error and "Unknown format" not in error:
         raise _error(error, schema)
 
 
@@ -118,17 +137,8 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     key = (table.key, vocab_size, source)
     template = TEMPLATES.get(key)
     if template is None:
-        schema = prepare(source)
         lltok = _lltokenizer(tokenizer, table, vocab_size)
-        for _ in range(32):  # drop the formats llguidance does not know, one per round
-            try:
-                grammar = LLMatcher.grammar_from_json_schema(schema, defaults=OPTIONS)
-            except (ValueError, RuntimeError) as e:
-                raise _error(str(e), schema) from e
-            error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
-            unknown = re.search(r"Unknown format: (.*?)(?: at |$)", error.strip()) if error else None
-            if unknown is None or not _drop_format(schema, unknown.group(1).strip()):
-                break
+        schema, grammar, error = _grammar(source, lltok)
         if error:
             raise _error(error, schema)
         template = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
@@ -155,8 +165,9 @@ def _error(message: str, schema: Any) -> ConstraintError:
         if word in lower:
             name = "max_schema_depth" if limit == "max_schema_depth" else "memory_mb"
             return too_complex("the JSON schema", name, f"{limit}: {message}")
-    m = re.search(r'Unimplemented keys: \["([^"]+)"', message)
-    keyword = m.group(1) if m else next((k for k in ("oneOf", "$ref", "pattern", "format", "allOf", "anyOf")
+    m = re.search(r'Unimplemented keys: \[([^\]]*)\]', message)
+    keys = re.findall(r'"([^"]+)"', m.group(1)) if m else []
+    keyword = ("if" if "if" in keys else keys[0]) if keys else next((k for k in ("oneOf", "$ref", "pattern", "format", "allOf", "anyOf")
                                          if k.lower() in lower or k in message), None)
     if "not present in a registry" in message or "retriev" in lower:
         keyword, why = "$ref", "remote or unresolvable $ref (only local references '#/...' are followed)"
@@ -165,6 +176,10 @@ def _error(message: str, schema: Any) -> ConstraintError:
                                f"properties): {message}. Check enum/const lists, bounds and required properties.")
     elif "oneof" in lower:
         why = "its branches may overlap, so exactly-one cannot be guaranteed; use anyOf if overlap is fine"
+        node = resolve_pointer(schema, _find(schema, "oneOf") or "#")
+        if isinstance(node, dict) and isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > MAX_ONE_OF:
+            why += (f" (overlapping oneOf branches are rewritten, each with the others negated, only up to "
+                    f"MAX_ONE_OF={MAX_ONE_OF} branches where a negation is needed; this one has {len(node['oneOf'])})")
     else:
         why = message
     path = _find(schema, keyword) if keyword else None
@@ -192,7 +207,9 @@ def _drop_format(schema: Any, name: str) -> bool:
 def discriminated_oneofs(schema: Any) -> Any:
     """A copy of `schema` where each `oneOf` whose branches are told apart by a discriminator (a property every
     branch requires, with pairwise disjoint const/enum values, as Pydantic's tagged unions write them) is an
-    `anyOf`: at most one branch can match, so the two are equivalent. llguidance cannot see that through $refs."""
+    `anyOf`: at most one object can match, so the two are equivalent on objects. A non-object satisfies every branch
+    that does not fix its type (`required` and `properties` hold for it), so exactly-one fails it: the node becomes
+    `type: object` (a oneOf under another type is left as written). llguidance cannot see that through $refs."""
     schema = copy.deepcopy(schema)
     todo = [schema]
     while todo:
@@ -205,8 +222,10 @@ def discriminated_oneofs(schema: Any) -> Any:
         todo.extend(node.values())
         branches = node.get("oneOf")
         if isinstance(branches, list) and len(branches) > 1 and "anyOf" not in node:
-            if _discriminator(schema, [_deref(schema, b) for b in branches]):
-                node["anyOf"] = node.pop("oneOf")
+            kind = node.get("type", "object")
+            if (kind == "object" or isinstance(kind, list) and "object" in kind) and _discriminator(
+                    schema, [deref(schema, b) for b in branches]):
+                node["anyOf"], node["type"] = node.pop("oneOf"), "object"
     return schema
 
 
@@ -217,7 +236,7 @@ def _discriminator(root: Any, branches: list) -> str | None:
     for name in sorted(common):
         seen: list = []
         for b in branches:
-            prop = _deref(root, b["properties"][name])
+            prop = deref(root, b["properties"][name])
             values = [prop["const"]] if isinstance(prop, dict) and "const" in prop else (
                 prop.get("enum") if isinstance(prop, dict) else None)
             if not isinstance(values, list) or any(v in seen for v in values):
@@ -226,15 +245,6 @@ def _discriminator(root: Any, branches: list) -> str | None:
         else:
             return name
     return None
-
-
-def _deref(root: Any, node: Any) -> Any:
-    for _ in range(8):
-        ref = node.get("$ref") if isinstance(node, dict) else None
-        if not (isinstance(ref, str) and ref.startswith("#")):
-            return node
-        node = resolve_pointer(root, ref)
-    return node
 
 
 def _find(node: Any, keyword: str, path: str = "#") -> str | None:

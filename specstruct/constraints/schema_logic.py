@@ -35,7 +35,7 @@ def rewrite_logic(schema: Any, original: Any = None) -> Any:
     rewritten into `allOf` members of its node; the others are left as written. A negated `$ref` is read in
     `original` (the schema before objects were closed: negating a narrowed schema would widen it)."""
     if any(re.search(r"/(not|dependencies|dependentSchemas|dependentRequired)(/|$)", r)
-           for r in _refs(schema)):
+           for r in refs_in(schema)):
         return schema  # a $ref into a subschema this pass rewrites: leave the whole schema as written
     _walk(schema, schema if original is None else original)
     return schema
@@ -113,10 +113,10 @@ def negate(schema: Any, root: Any, refs: tuple = ()) -> Any:
     alternatives: list = []
     for k in keys:
         alternatives.extend(_negate_keyword(k, schema[k], root, refs))
-    return _any(alternatives)
+    return any_of(alternatives)
 
 
-def _any(alternatives: list) -> Any:
+def any_of(alternatives: list) -> Any:
     alternatives = [a for a in alternatives if a is not False]
     if any(a is True or a == {} for a in alternatives):
         return True
@@ -148,10 +148,10 @@ def _negate_keyword(k: str, v: Any, root: Any, refs: tuple) -> list:
         return [_positive(v, root, refs)]
     if k == "oneOf" and isinstance(v, list) and len(v) <= 4:  # none holds, or two do
         positive = [_positive(s, root, refs) for s in v]
-        pairs = [_all([a, b]) for i, a in enumerate(positive) for b in positive[i + 1:]]
-        return [_all([negate(s, root, refs) for s in v]), *pairs]
+        pairs = [all_of([a, b]) for i, a in enumerate(positive) for b in positive[i + 1:]]
+        return [all_of([negate(s, root, refs) for s in v]), *pairs]
     if k == "anyOf" and isinstance(v, list):
-        return [_all([negate(s, root, refs) for s in v])]
+        return [all_of([negate(s, root, refs) for s in v])]
     if k == "allOf" and isinstance(v, list):
         return [negate(s, root, refs) for s in v]
     if k == "contains":  # an array none of whose items holds
@@ -172,12 +172,12 @@ def _positive(schema: Any, root: Any, refs: tuple) -> Any:
     positive = copy.deepcopy(schema)
     _walk(positive, root)
     if _holds(positive, "not") or any(_holds(positive, d) for d in _DEPENDENCY_KEYS) \
-            or any(r in refs for r in _refs(positive)):
+            or any(r in refs for r in refs_in(positive)):
         raise Unsupported("not")  # left as written, or a $ref back into what is being negated
     return positive
 
 
-def _all(members: list) -> Any:
+def all_of(members: list) -> Any:
     if any(m is False for m in members):
         return False
     members = [m for m in members if m is not True and m != {}]
@@ -215,7 +215,7 @@ def _not_in(values: list) -> list:
         out.append({"type": "string", "pattern": "^" + _complement(sorted(set(kinds["string"]))) + "$"})
     for kind in ("array", "object"):
         if kinds[kind]:
-            out.append(_all([{"type": kind}] + [_any(_differs(v)) for v in kinds[kind]]))
+            out.append(all_of([{"type": kind}] + [any_of(_differs(v)) for v in kinds[kind]]))
     return out
 
 
@@ -225,11 +225,11 @@ def _differs(value: list | dict) -> list:
     if isinstance(value, list):
         out = [{"type": "array", "minItems": len(value) + 1}] + (
             [{"type": "array", "maxItems": len(value) - 1}] if value else [])
-        return out + [{"type": "array", "minItems": i + 1, "prefixItems": [{}] * i + [_any(_not_in([x]))]}
+        return out + [{"type": "array", "minItems": i + 1, "prefixItems": [{}] * i + [any_of(_not_in([x]))]}
                       for i, x in enumerate(value)]
     out = [{"type": "object", "minProperties": len(value) + 1}]
     out += [{"type": "object", "properties": {k: False}} for k in value]
-    return out + [{"type": "object", "required": [k], "properties": {k: _any(_not_in([x]))}} for k, x in value.items()]
+    return out + [{"type": "object", "required": [k], "properties": {k: any_of(_not_in([x]))}} for k, x in value.items()]
 
 
 def _complement(words: list[str]) -> str:
@@ -287,5 +287,5 @@ def _holds(node: Any, keyword: str) -> bool:
     return any(keyword in n for n in _nodes(node))
 
 
-def _refs(node: Any) -> list[str]:
+def refs_in(node: Any) -> list[str]:
     return [n["$ref"] for n in _nodes(node, data=True) if isinstance(n.get("$ref"), str)]

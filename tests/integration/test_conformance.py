@@ -7,10 +7,10 @@ import pytest
 from specstruct.bench import conformance
 
 SAMPLE, SEED = 200, 0
-# llguidance backend (the default), tiny tokenizer: measured 95.0% compiled (88.5% before `not`/`dependencies` were
-# rewritten), 95.2% valid accepted (95.0% before), 100% invalid
+# llguidance backend (the default), tiny tokenizer: measured 96.0% compiled (95.0% before `if`/`then`/`else` and
+# overlapping `oneOf` were rewritten, 88.5% before `not`/`dependencies`), 95.2% valid accepted, 100% invalid
 # rejected on this sample (see docs/conformance.md for the Qwen-tokenizer and full-corpus figures).
-COMPILED_FLOOR = 0.94
+COMPILED_FLOOR = 0.95
 VALID_ACCEPTED_FLOOR = 0.93  # 0.945 here: objects get only declared keys unless the schema says otherwise
 OVER_PERMISSIVE_CEILING = 0.01
 # Valid instances the automaton may reject, each for a documented, sound reason (docs/conformance.md):
