@@ -3,7 +3,7 @@
 the newest rows' KV to disk, restore it later), every output must equal the same request run alone, and the
 process's peak RSS is reported next to the budgets.
 
-    python -m specstruct.bench.kv_pressure                       # real pair: 4 requests, about 3 fit
+    python -m specstruct.bench.kv_pressure --fit 2 --slack 24    # real pair: 4 requests, the first 2 fit
     python -m specstruct.bench.kv_pressure --tiny --requests 3   # tiny random models (plumbing only)
 
 Prints one JSON object: budget, counts (preemptions, resumes, restored, re-prefilled, spilled tokens), spill and
@@ -45,8 +45,8 @@ def _engine(args: argparse.Namespace, directory: str) -> tuple[Any, list[Any]]:
     prompts = [len(engine.prompt_ids(w.messages, w.output_type)) for w in work]
     budget = engine.scheduler.preemption.budget  # the active tier's budget the scheduler preempts against
     per_token = budget.need(1) - budget.need(0)
-    # the first `fit` requests are admitted together; after about 8 output tokens each they outgrow the tier
-    budget.active_bytes = sum(budget.need(n) for n in prompts[: args.fit]) + args.fit * 8 * per_token
+    # the first `fit` requests are admitted together; after about `slack` output tokens each they outgrow the tier
+    budget.active_bytes = sum(budget.need(n) for n in prompts[: args.fit]) + args.fit * args.slack * per_token
     return engine, work
 
 
@@ -69,8 +69,9 @@ def measure(engine: Any, work: Sequence[Any]) -> dict[str, Any]:
     got: list[list[int]] = [[] for _ in work]
     threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, _ids(engine, work[i]))) for i in range(len(work))]
     t0 = time.perf_counter()
-    for t in threads:
+    for t in threads:  # in list order (the budget is sized on the first prompts), all within the batching window
         t.start()
+        time.sleep(0.005)
     for t in threads:
         t.join()
     pressed_s = time.perf_counter() - t0
@@ -98,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="'' for none")
     ap.add_argument("--tiny", action="store_true", help="tiny random models (plumbing, not speed)")
     ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--fit", type=int, default=3, help="about this many prompts fit in the active tier at once")
+    ap.add_argument("--fit", type=int, default=2, help="about this many prompts fit in the active tier at once")
+    ap.add_argument("--slack", type=int, default=24, help="output tokens per admitted row before the tier overflows "
+                    "(larger: the newest row is decoding, not still prefilling, when it is paused)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specstruct-kv-") as directory:

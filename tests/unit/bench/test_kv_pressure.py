@@ -9,7 +9,7 @@ from specstruct.bench.kv_pressure import main
 
 
 def test_kv_pressure_preempts_and_outputs_stay_identical(capsys):
-    main(["--tiny", "--requests", "3", "--fit", "2", "--max-new-tokens", "24"])
+    main(["--tiny", "--requests", "3", "--fit", "2", "--slack", "4", "--max-new-tokens", "24"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["identical"] == "3/3"
     assert res["preemptions"] >= 1 and res["resumes"] == res["preemptions"] and res["restored"] >= 1
