@@ -144,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--no-spec", action="store_true", help="speculation off (plain batched decoding)")
     ap.add_argument("--interference", action="store_true", help="also measure a long prompt arriving")
     ap.add_argument("--interference-only", action="store_true", help="only that (no throughput runs)")
+    ap.add_argument("--prefill-chunk", type=int, default=32, help="prefill tokens per step while other rows decode")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
@@ -156,11 +157,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                       "speculative": not args.no_spec, "threads": args.threads}), flush=True)
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     if not args.interference_only:
-        for out in measure_batch(engine, reqs, concurrencies, report=lambda run: print(json.dumps(run), flush=True)):
+        for out in measure_batch(engine, reqs, concurrencies, prefill_chunk=args.prefill_chunk,
+                                 report=lambda run: print(json.dumps(run), flush=True)):
             print(json.dumps(out), flush=True)
     if args.interference or args.interference_only:
         long = Request(reqs[0].ids * 4, reqs[0].constraint, reqs[0].config)
-        print(json.dumps({"interference": measure_prefill_interference(engine, reqs[1:4], long)}), flush=True)
+        print(json.dumps({"interference": measure_prefill_interference(engine, reqs[1:4], long,
+                                                                       prefill_chunk=args.prefill_chunk)}), flush=True)
 
 
 if __name__ == "__main__":
