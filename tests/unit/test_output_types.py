@@ -124,7 +124,7 @@ def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
     with pytest.raises(ValueError):
         out.parse("{not json")
     with pytest.raises(ConstraintError, match="'not' at #"):
-        compiled(tok, resolve({"type": "integer", "not": {"const": 3}}))
+        compiled(tok, resolve({"type": "integer", "not": {"multipleOf": 3}}))
     with pytest.raises(ConstraintError, match="invalid JSON schema"):
         resolve({"type": 12})
 

@@ -34,7 +34,7 @@ def test_a_bad_grammar_or_schema_exits_3_before_any_model_loads(loads, tmp_path)
     grammar = tmp_path / "g.lark"
     grammar.write_text("start: undefined_rule\n")
     schema = tmp_path / "s.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}))
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string", "not": {"pattern": "^x"}}}}))
     assert CliRunner().invoke(cli.app, ["generate", "hi", "--grammar", str(grammar)]).exit_code == 3
     assert CliRunner().invoke(cli.app, ["extract", "--schema", str(schema), "--text", "-"], input="x").exit_code == 3
     assert loads == []

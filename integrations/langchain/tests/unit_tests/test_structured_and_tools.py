@@ -214,7 +214,7 @@ def test_pydantic_validators_and_bounds_hold_and_unsupported_dict_keywords_are_r
 
     out = model.with_structured_output(Level).invoke(PROMPT)
     assert isinstance(out, Level) and 0 <= out.value <= 9
-    unsure = {"title": "Unsure", "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "not": {"required": ["b"]}}
+    unsure = {"title": "Unsure", "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "not": {"properties": {"a": {"multipleOf": 3}}}}
     with pytest.raises(ConstraintError, match="not"):
         model.with_structured_output(unsure).invoke(PROMPT)
 
