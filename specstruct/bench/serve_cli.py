@@ -32,12 +32,12 @@ def _fmt(v: Any, scale: float = 1000.0) -> str:
 
 def table(levels: list[dict[str, Any]]) -> str:
     """A Markdown table: one row per concurrency level (latencies in ms)."""
-    head = ("| concurrency | requests | errors | invalid | tok/s | req/s | TTFT p50/p95/p99 | TPOT p50/p95 | "
-            "ITL p50/p95 | e2e p50/p95/p99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| concurrency | requests | errors | cut at max_tokens | invalid | tok/s | req/s | TTFT p50/p95/p99 | "
+            "TPOT p50/p95 | ITL p50/p95 | e2e p50/p95/p99 |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for r in levels:
         t, p, i, e = r["ttft_s"], r["tpot_s"], r["itl_s"], r["e2e_s"]
-        rows.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {r['invalid']} | "
+        rows.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {r.get('cut', 0)} | {r['invalid']} | "
                     f"{r['tokens_per_s']:.2f} | {r['requests_per_s']:.3f} | "
                     f"{_fmt(t['p50'])}/{_fmt(t['p95'])}/{_fmt(t['p99'])} | {_fmt(p['p50'])}/{_fmt(p['p95'])} | "
                     f"{_fmt(i['p50'])}/{_fmt(i['p95'])} | {_fmt(e['p50'])}/{_fmt(e['p95'])}/{_fmt(e['p99'])} |")
@@ -78,7 +78,8 @@ def serve(
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG: throughput and latency."),
 ) -> None:
     """Load-test a running server with streamed typed-extraction requests (json_schema response format):
-    TTFT, TPOT, ITL, end-to-end latency p50/p95/p99, throughput, errors and invalid outputs per concurrency.
+    TTFT, TPOT, ITL, end-to-end latency p50/p95/p99, throughput, errors, outputs cut at --max-tokens and invalid
+    outputs (finished but failing their schema) per concurrency.
 
     Example:  specstruct serve &   then   specstruct bench serve --concurrency 1,4,8 --requests 16 --out s.json
     """

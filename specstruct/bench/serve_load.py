@@ -4,7 +4,8 @@ fixed concurrency, optionally with Poisson arrivals at a request rate, timed per
 - TTFT: request sent -> first content chunk; e2e: request sent -> `[DONE]`;
 - TPOT: (e2e - TTFT) / (output tokens - 1); ITL: gaps between content chunks (several tokens may share one);
 - throughput: output tokens and requests per second over the level's wall time;
-- errors (non-200, error events, broken streams) and invalid outputs (the text fails its schema)."""
+- errors (non-200, error events, broken streams), outputs cut at max_tokens (`finish_reason: length`: an
+  unfinished document, not a constraint failure) and invalid outputs (a finished text that fails its schema)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Job:
 class Sample:
     ok: bool = False
     valid: bool | None = None
+    cut: bool = False  # finish_reason "length": stopped by max_tokens before the output was complete
     error: str = ""
     ttft: float | None = None
     e2e: float | None = None
@@ -64,6 +66,7 @@ async def one_request(client: Any, url: str, job: Job, headers: dict[str, str]) 
                 if data.get("usage"):
                     s.output_tokens = data["usage"]["completion_tokens"]
                 for choice in data.get("choices", []):
+                    s.cut = s.cut or choice.get("finish_reason") == "length"
                     piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
                     if piece:
                         now = time.perf_counter()
@@ -130,7 +133,8 @@ def summarise(samples: Sequence[Sample], wall: float, concurrency: int, rate: fl
     tokens = sum(s.output_tokens for s in good)
     return {
         "concurrency": concurrency, "rate": rate, "requests": len(samples), "wall_s": wall,
-        "errors": sum(not s.ok for s in samples), "invalid": sum(s.valid is False for s in good),
+        "errors": sum(not s.ok for s in samples), "cut": sum(s.cut for s in good),
+        "invalid": sum(s.valid is False and not s.cut for s in good),
         "output_tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
         "requests_per_s": len(good) / wall if wall else 0.0,
         "ttft_s": _pct([s.ttft for s in good if s.ttft is not None]),

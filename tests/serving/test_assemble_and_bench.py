@@ -43,10 +43,12 @@ def test_bench_serve_load_generator():
     jobs = [Job({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
                  "structured_outputs": {"regex": "[a-c]{4}"}},
                 lambda t: (len(t) == 4, "")),
-            Job({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, lambda t: (True, ""))]
+            Job({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, lambda t: (True, "")),
+            Job({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,  # cut short
+                 "structured_outputs": {"regex": "[a-c]{6}"}}, lambda t: (len(t) == 6, ""))]
     with running(create_app(tiny_engine(), served_model_name=MODEL, api_key=KEY)) as base:
         level = asyncio.run(run_level(base, jobs, concurrency=3, requests=6, rate=50.0, api_key=KEY))
-    assert level["requests"] == 6 and level["errors"] == 3 and level["invalid"] == 0
+    assert level["requests"] == 6 and level["errors"] == 2 and level["cut"] == 2 and level["invalid"] == 0
     assert "HTTP 400" in level["error_messages"][0]
     assert level["ttft_s"]["p50"] > 0 and level["e2e_s"]["p99"] >= level["e2e_s"]["p50"]
-    assert "| 3 | 6 | 3 | 0 |" in table([level])
+    assert "| 3 | 6 | 2 | 2 | 0 |" in table([level])
