@@ -73,26 +73,16 @@ class BatchDecoder:
         if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
                 or not row.config.use_prefix_cache:
             return rt.sequence(), 0
-        hit = cache.lookup((rt.cache_key, row.config.cache_salt), ids)
-        try:
-            n = hit.tokens
-            seq = rt.sequence(hit.layers if n else None, n)  # a copy: the cache's spans may move from here on
-        finally:
-            hit.release()
-        return seq, n
+        return _from_cache(rt, row, ids, lambda layers, n: (rt.sequence(layers, n), n))
 
     def _draft_start(self, row: Row) -> DraftState:
         """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
         the output: a greedy row (the draft only proposes; the target alone decides every token), or a draft whose
         numerics make a cached prefix bitwise a cold one. Else empty: the draft reads the prompt with the target."""
-        cache = getattr(self.draft, "prefix_cache", None)
-        if not self._draft_reuses(row, cache):
+        if not self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
             return DraftState(self.draft)
-        hit = cache.lookup((self.draft.cache_key, row.config.cache_salt), row.prompt[:-1])
-        try:
-            return DraftState(self.draft, hit.layers, row.prompt[: hit.tokens]) if hit.tokens else DraftState(self.draft)
-        finally:
-            hit.release()
+        return _from_cache(self.draft, row, row.prompt[:-1],
+                           lambda layers, n: DraftState(self.draft, layers, row.prompt[:n]))
 
     def _draft_reuses(self, row: Row, cache) -> bool:
         return (cache is not None and cache.enabled and row.config.use_prefix_cache and getattr(self.draft, "packed", False)
@@ -139,11 +129,8 @@ class BatchDecoder:
         else:
             row.fill_to = max(len(row.prompt), len(target.tokens))
             row.kv, row.prefilled = self._cached(row, target.tokens if row.token_ids else row.prompt[:-1])
-        if draft is not None:
-            row.draft_kv = DraftState(self.draft)
-            if draft.layers is not None:
-                row.draft_kv.kv, row.draft_kv.tokens = self.draft.sequence(draft.layers, len(draft.tokens)), \
-                    list(draft.tokens)
+        if draft is not None:  # lost layers: an empty draft cache, which catches up by itself
+            row.draft_kv = DraftState(self.draft, draft.layers, draft.tokens if draft.layers is not None else ())
         self.rows.append(row)
 
     def _alone(self, row: Row) -> bool:
@@ -285,6 +272,16 @@ class BatchDecoder:
 
 def _held(seq, tokens: list[int]) -> SeqKV:
     return SeqKV(list(tokens), seq.layers() if seq.length else None)
+
+
+def _from_cache(rt, row: Row, ids: list[int], build):
+    """`build(layers, n)` from the longest prefix of `ids` in `rt`'s prefix cache (n may be 0, layers then None).
+    `build` must copy the layers: the cache's spans are free to move once the hit is released."""
+    hit = rt.prefix_cache.lookup((rt.cache_key, row.config.cache_salt), ids)
+    try:
+        return build(hit.layers if hit.tokens else None, hit.tokens)
+    finally:
+        hit.release()
 
 
 def _stack(qs):
