@@ -50,24 +50,19 @@ def _engine(args: argparse.Namespace, directory: str) -> tuple[Any, list[Any]]:
     return engine, work
 
 
-def _ids(engine: Any, w: Any) -> list[int]:
-    from specstruct.errors import IncompleteOutputError
-
-    try:
-        return list(engine.run(w.messages, w.output_type).token_ids)
-    except IncompleteOutputError as exc:
-        return list(exc.token_ids)
-
-
 def measure(engine: Any, work: Sequence[Any]) -> dict[str, Any]:
+    from specstruct.bench.measure import generated_ids
     from specstruct.bench.pipeline import peak_rss_mib
 
     t0 = time.perf_counter()
-    alone = [_ids(engine, w) for w in work]  # one at a time: each alone always fits
+    alone = [generated_ids(engine, w.messages, w.output_type) for w in work]  # one at a time: each alone always fits
     alone_s = time.perf_counter() - t0
     before = dict(engine.cache_info()["preemption"])
     got: list[list[int]] = [[] for _ in work]
-    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, _ids(engine, work[i]))) for i in range(len(work))]
+    def one(i: int) -> None:
+        got[i] = generated_ids(engine, work[i].messages, work[i].output_type)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
     t0 = time.perf_counter()
     for t in threads:  # in list order (the budget is sized on the first prompts), all within the batching window
         t.start()

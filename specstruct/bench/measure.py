@@ -66,3 +66,14 @@ def prompt_messages(engine: Any, workload: Workload) -> list[dict[str, str]]:
     from ..output_types import resolve
 
     return render(workload.messages, resolve(workload.output_type), None)
+
+
+def generated_ids(engine: Any, messages: Any, output_type: Any, **kwargs: Any) -> list[int]:
+    """The token ids `engine.run` generates, also when max_new_tokens cuts the output short (still decoding work,
+    still compared between sides)."""
+    from ..errors import IncompleteOutputError
+
+    try:
+        return list(engine.run(messages, output_type, **kwargs).token_ids)
+    except IncompleteOutputError as exc:
+        return list(exc.token_ids)

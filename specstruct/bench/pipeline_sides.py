@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from .extraction import Person, extraction_prompt
+from .measure import generated_ids
 
 Progress = Callable[[int, int, str], None] | None
 WARM_PASSAGE = "Nobody is named in this passage; it only says that the weather in Lisbon was mild."
@@ -18,15 +19,6 @@ WARM_PASSAGE = "Nobody is named in this passage; it only says that the weather i
 
 def messages_for(system: str, passage: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": extraction_prompt(Person, passage)}]
-
-
-def _ids(engine: Any, messages: list[dict[str, str]], cfg: Any) -> list[int]:
-    from ..errors import IncompleteOutputError
-
-    try:
-        return list(engine.run(messages, Person, config=cfg).token_ids)
-    except IncompleteOutputError as exc:  # cut short by max_new_tokens: still decoding work, still compared
-        return list(exc.token_ids)
 
 
 def run_batched(engine: Any, system: str, passages: list[str], max_new_tokens: int,
@@ -38,13 +30,13 @@ def run_batched(engine: Any, system: str, passages: list[str], max_new_tokens: i
         engine.clear_cache()
         cfg = engine.config.merged(use_prefix_cache=cached, max_new_tokens=max_new_tokens, max_retries=0)
         if cached:
-            _ids(engine, messages_for(system, WARM_PASSAGE), cfg)
+            generated_ids(engine, messages_for(system, WARM_PASSAGE), Person, config=cfg)
         if progress:
             progress(0, 1, f"{len(passages)} passages at once, prefix cache {'on' if cached else 'off'}")
         got: list[list[int]] = [[] for _ in passages]
 
         def work(i: int, cfg: Any = cfg) -> None:
-            got[i] = _ids(engine, messages_for(system, passages[i]), cfg)
+            got[i] = generated_ids(engine, messages_for(system, passages[i]), Person, config=cfg)
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(len(passages))]
         start = time.perf_counter()
