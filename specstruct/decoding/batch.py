@@ -197,12 +197,13 @@ class BatchDecoder:
         jobs = {}
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]
+            forced = r.config.use_forced_text
             if d.limit and k > 0 and s.cands and r.config.temperature <= 0 and r.config.draft_arbitration:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
-                                  hint=list(s.cands))  # the draft arbitrates the free candidates
+                                  hint=list(s.cands), forced=forced)  # the draft arbitrates the free candidates
             elif d.limit and k > 0:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
-                                  r.generator, alone=self._alone(r))
+                                  r.generator, alone=self._alone(r), forced=forced)
         for r, c in chunks:
             if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
                 feed = (r.prompt + r.token_ids)[len(r.draft_kv.tokens) : r.prefilled + len(c)]
@@ -231,7 +232,11 @@ class BatchDecoder:
                 continue
             if j.hint:
                 steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
-            steps[id(r)].add("model", j.tokens, None if not j.qs else _stack(j.qs))
+            at = 0
+            for name, n in j.runs:  # the draft's own tokens and the forced text between them, in order
+                qs = j.qs[at : at + n] if name == "model" and j.qs else None
+                steps[id(r)].add(name, j.tokens[at : at + n], _stack(qs) if qs else None)
+                at += n
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
         segs, keep = [], []

@@ -91,3 +91,44 @@ def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close
     assert all(s[v]["identical"] == 2 for v in variants)
     assert abs(sum(s["all"]["shares"][p] for p in PARTS) - 1.0) < 1e-6
     assert "| all |" in markdown(s)
+
+
+def _json(tok, rt, schema):
+    return compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=rt.vocab_size,
+                              eos_token_ids=[tok.eos_token_id])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_forced_tokens_join_the_draft_without_a_draft_pass(tok, close_draft, temperature):
+    """Where the constraint allows exactly one token, the draft takes it without a pass of its own (it is fed with
+    the next pass): the same tokens as drafting every position, in fewer passes, marked as forced runs."""
+    rt = ModelRuntime(close_draft)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Ada Lovelace"]},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    c = _json(tok, rt, schema)
+    context = tok.encode("Ada Lovelace was 36.", add_special_tokens=False)
+    jobs, passes = {}, {}
+    for forced in (False, True):
+        calls = []
+        inner = rt.forward
+        rt.forward = lambda segs, keep: calls.append(len(segs[0][1])) or inner(segs, keep)
+        try:
+            gen = __import__("torch").Generator().manual_seed(0)
+            job = Job(DraftState(rt), list(context), c.fork(), 12, temperature, gen, forced=forced)
+            run_drafts(rt, [job], {tok.eos_token_id}, [])
+        finally:
+            del rt.forward
+        assert job.error is None
+        jobs[forced], passes[forced] = job, calls
+    if temperature == 0.0:
+        assert jobs[True].tokens == jobs[False].tokens  # a forced token is also the draft's only legal choice
+    assert len(passes[True]) < len(passes[False])
+    assert any(name == "forced" for name, _ in jobs[True].runs)
+    assert [n for _, n in jobs[False].runs] == [len(jobs[False].tokens)]
+    assert sum(n for _, n in jobs[True].runs) == len(jobs[True].tokens)
+    if temperature > 0:  # q for the draft's own tokens, None for forced ones
+        at = 0
+        for name, n in jobs[True].runs:
+            assert all((q is None) == (name == "forced") for q in jobs[True].qs[at : at + n])
+            at += n
