@@ -186,7 +186,7 @@ class BatchDecoder:
         demands, drafting = [], []
         for r in decoding:
             s = steps[id(r)]
-            if r.draft_kv is not None and s.model_room > 0:
+            if r.draft_kv is not None and (s.model_room > 0 or self._arbitrates(r, s)):
                 rate = r.policy.rate[(r.constraint.mode, "model")]
                 rate = r.config.adaptive_threshold if rate is None else rate
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
@@ -198,9 +198,9 @@ class BatchDecoder:
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]
             forced = r.config.use_forced_text
-            if d.limit and k > 0 and s.cands and r.config.temperature <= 0 and r.config.draft_arbitration:
+            if self._arbitrates(r, s) and r in drafting:  # the draft arbitrates the free candidates, and drafts
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
-                                  hint=list(s.cands), forced=forced)  # the draft arbitrates the free candidates
+                                  hint=list(s.cands), limit=s.model_limit, forced=forced)  # in the room it frees
             elif d.limit and k > 0:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
                                   r.generator, alone=self._alone(r), forced=forced)
@@ -237,6 +237,10 @@ class BatchDecoder:
                 qs = j.qs[at : at + n] if name == "model" and j.qs else None
                 steps[id(r)].add(name, j.tokens[at : at + n], _stack(qs) if qs else None)
                 at += n
+
+    @staticmethod
+    def _arbitrates(r: Row, s) -> bool:
+        return bool(s.cands) and s.model_limit > 0 and r.config.temperature <= 0 and r.config.draft_arbitration
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
         segs, keep = [], []

@@ -67,6 +67,7 @@ class Job:
     feed_only: bool = False  # a prefill chunk: extend the cache, draft nothing
     hint: list[int] = field(default_factory=list)  # free candidates the draft arbitrates (greedy)
     hint_kept: int = 0
+    limit: int = 0  # with a hint: the most tokens it may draft once it dropped part of the hint (their room)
     forced: bool = False  # append the tokens the constraint leaves no choice about without a draft pass
     tokens: list[int] = field(default_factory=list)
     qs: list[torch.Tensor | None] = field(default_factory=list)  # when sampling: q per token (None: forced)
@@ -91,7 +92,7 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
 def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
     """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
     feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context) + j.hint) for j in jobs}
-    live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0)]
+    live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0 or j.hint)]
     first = True
     while live:
         more = []
@@ -106,7 +107,8 @@ def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: lis
                 at = -1
                 if first and j.hint:
                     at = _arbitrate(j, lg)
-                if not j.feed_only and _take(j, lg[at]) and j.tokens[-1] not in eos and len(j.tokens) < j.k:
+                if (not j.feed_only and len(j.tokens) < j.k and _take(j, lg[at]) and j.tokens[-1] not in eos
+                        and len(j.tokens) < j.k):
                     feeds[id(j)] = [j.tokens[-1]] + _forced(j, eos)
                     if len(j.tokens) < j.k:
                         more.append(j)
@@ -127,6 +129,7 @@ def _arbitrate(job: Job, logits: torch.Tensor) -> int:
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
     job.hint_kept = kept
+    job.k = min(job.k + len(job.hint) - kept, max(job.k, job.limit))  # the dropped hint's room is the draft's
     length = len(job.state.tokens) - len(job.hint) + kept
     job.state.kv.crop(length)
     del job.state.tokens[length:]

@@ -17,6 +17,7 @@ from .interfaces import Mode, Plan
 EMA = 0.3  # weight of the newest observation in the moving averages
 PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 on 2 AVX2 cores)
 PRIOR_DRAFT_COST = 0.4  # prior draft/target step-cost ratio (0.5B vs 1.5B Qwen)
+GROW = 2  # draft length added after a step whose draft was accepted whole
 PROBE_EVERY = 16  # steps between single-token probes of a drafter the cost model switched off
 ORDER = ("forced", "lookup", "model")  # candidates are concatenated in this order
 SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "model": "use_draft_model"}
@@ -118,14 +119,17 @@ class AdaptivePolicy:
         if proposed <= 0:
             return
         key = (mode, drafter)
-        rate = _ema(self.rate[key], accepted / proposed)
+        # the average starts from the threshold, not from the first observation: one unlucky first step (a draft
+        # judged on 3 tokens, 1 accepted) must not switch the draft model off for PROBE_EVERY steps
+        prior = self.rate[key] if self.rate[key] is not None else self.config.adaptive_threshold
+        rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
         if drafter == "forced":
             return
         cap = self.config.cap(mode)
         k = self.k.get(key, self.config.initial_candidates)
         if rate >= self.config.adaptive_threshold and accepted == proposed:
-            k = min(cap, k + 1)
+            k = min(cap, k + GROW)  # all accepted: grow fast (transformers' assisted generation adds 2 too)
         elif rate < self.config.adaptive_threshold:
             k = max(1, k - 1)
         self.k[key] = k

@@ -246,6 +246,7 @@ class Step:
 
     def __init__(self, fork, budget: int, model_room: int):
         self.fork, self.budget, self.model_room = fork, budget, model_room
+        self.model_limit = model_room  # the policy's draft-model length, before free candidates took room
         self.cands: list[int] = []
         self.qs: list[torch.Tensor | None] = []
         self.segments: list[tuple[str, int]] = []
