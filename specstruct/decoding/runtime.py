@@ -21,6 +21,7 @@ Batched rows then decode exactly as they would alone. Where the row-wise attenti
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 from typing import Sequence
@@ -29,16 +30,8 @@ import torch
 
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
+from .linear import onednn_linear_forward, pack_linears, unpack_linears
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
-
-def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # x: [..., in] -> rows [n, in]; y: [n, out] -> [..., out]
-    rows = x.reshape(-1, x.shape[-1])
-    n = rows.shape[0]
-    if n == 1:
-        rows = torch.cat([rows, rows])  # oneDNN's 1-row kernel sums differently: keep every row on one path
-    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [], "")
-    return y[:n].reshape(*x.shape[:-1], y.shape[-1])
 
 
 def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
@@ -87,14 +80,17 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         return desc
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            mod.forward = types.MethodType(_onednn_linear_forward, mod)
+            mod.forward = types.MethodType(onednn_linear_forward, mod)
+    weights = pack_linears(model)
     use_packed_attention(model)
-    model._specstruct_numerics = "float32, row-invariant (oneDNN linear >=2 rows, row-wise attention)"
+    model._specstruct_numerics = f"float32, row-invariant (oneDNN linear >=2 rows, {weights}; row-wise attention)"
     return model._specstruct_numerics
 
 
 def restore_stock(model: torch.nn.Module) -> None:
-    """Undo make_row_invariant (for baselines that must run the stock transformers numerics)."""
+    """Undo make_row_invariant (for baselines that must run the stock transformers numerics): plain weights
+    (bitwise the originals), stock Linear forwards, the model's sdpa attention."""
+    unpack_linears(model)
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
             del mod.forward
@@ -113,9 +109,11 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     row's result depend on its neighbours.)"""
     import warnings
 
+    q = copy.deepcopy(model)
+    unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
-        q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
     return q
 
