@@ -3,12 +3,17 @@
 On CPU in float32 the model is switched to *row-invariant* numerics, which is what makes speculative
 decoding both fast and lossless there:
 
-- Linear layers run through oneDNN (`torch.ops.mkldnn._linear_pointwise`) with at least two rows. oneDNN's
-  1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the 2-core
-  AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
-  while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
-  of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
+- Linear layers run through oneDNN (`torch.ops.mkldnn._linear_pointwise`, linear.py) with at least two rows.
+  oneDNN's 1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the
+  2-core AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300
+  rows, while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8
+  tokens of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
   (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
+- Their weights are prepacked once into oneDNN's own layout (linear.pack_linears), replacing the plain ones
+  (no second copy), instead of the kernel taking the plain layout on every call: bitwise the same results, a
+  pass of 1-2 tokens of the 1.5B target ~1.1x cheaper (k >= 4: within noise; docs/benchmarks.md). Weights
+  tied to the embeddings stay plain. restore_stock unpacks; deepcopy, state_dict / save_pretrained and
+  load_state_dict work on a packed model (linear.PackedWeight).
 - Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
   token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
   same pass -- share the pass, nor on how a prompt is chunked.
