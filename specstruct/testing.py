@@ -85,10 +85,14 @@ def tiny_model(tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2,
 
 
 def perturbed(model, noise: float = 0.02, seed: int = 1):
-    """A copy of `model` with small weight noise: a draft that mostly agrees with its target."""
+    """A copy of `model` with small weight noise: a draft that mostly agrees with its target. The copy has
+    stock numerics and plain weights, whatever `model` runs (a runtime switches it as it does any model)."""
     import copy
 
+    from specstruct.decoding.runtime import restore_stock
+
     draft = copy.deepcopy(model)
+    restore_stock(draft)  # prepacked (opaque) weights back to plain ones, which can be perturbed
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():

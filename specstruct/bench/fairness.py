@@ -30,7 +30,7 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
     digest = hashlib.sha256()
     for index in picks:
         name, tensor = params[index]
-        flat = tensor.detach().reshape(-1)
+        flat = (tensor.to_dense() if tensor.is_mkldnn else tensor.detach()).reshape(-1)  # prepacked: plain values
         sample = flat[:: max(1, flat.numel() // samples)].float().cpu().contiguous()
         digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
         digest.update(sample.numpy().tobytes())

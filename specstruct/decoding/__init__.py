@@ -9,6 +9,7 @@
     policy       how many candidates each drafter may propose (acceptance- and cost-aware)
     verify       greedy and speculative-sampling verification, as pure functions
     runtime      a model with per-sequence KV caches, with row-invariant CPU numerics
+    linear       the row-invariant Linear kernel (oneDNN, >= 2 rows) and its prepacked weights
     packed       packed ragged passes: many sequences in one forward, each attending to its own KV
     drafting/    forced text, prompt lookup, draft model
 """

@@ -3,12 +3,17 @@
 On CPU in float32 the model is switched to *row-invariant* numerics, which is what makes speculative
 decoding both fast and lossless there:
 
-- Linear layers run through oneDNN (`torch.ops.mkldnn._linear_pointwise`) with at least two rows. oneDNN's
-  1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the 2-core
-  AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300 rows,
-  while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8 tokens
-  of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
+- Linear layers run through oneDNN (`torch.ops.mkldnn._linear_pointwise`, linear.py) with at least two rows.
+  oneDNN's 1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the
+  2-core AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300
+  rows, while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8
+  tokens of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
   (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
+- Their weights are prepacked once into oneDNN's own layout (linear.pack_linears), replacing the plain ones
+  (no second copy), instead of the kernel taking the plain layout on every call: bitwise the same results, a
+  pass of 1-2 tokens of the 1.5B target ~1.1x cheaper (k >= 4: within noise; docs/benchmarks.md). Weights
+  tied to the embeddings stay plain. restore_stock unpacks; deepcopy, state_dict / save_pretrained and
+  load_state_dict work on a packed model (linear.PackedWeight).
 - Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
   token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
   same pass -- share the pass, nor on how a prompt is chunked.
@@ -21,6 +26,7 @@ Batched rows then decode exactly as they would alone. Where the row-wise attenti
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 from typing import Sequence
@@ -29,16 +35,8 @@ import torch
 
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
+from .linear import onednn_linear_forward, pack_linears, unpack_linears
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
-
-def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # x: [..., in] -> rows [n, in]; y: [n, out] -> [..., out]
-    rows = x.reshape(-1, x.shape[-1])
-    n = rows.shape[0]
-    if n == 1:
-        rows = torch.cat([rows, rows])  # oneDNN's 1-row kernel sums differently: keep every row on one path
-    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [], "")
-    return y[:n].reshape(*x.shape[:-1], y.shape[-1])
 
 
 def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
@@ -87,14 +85,17 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         return desc
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            mod.forward = types.MethodType(_onednn_linear_forward, mod)
+            mod.forward = types.MethodType(onednn_linear_forward, mod)
+    weights = pack_linears(model)
     use_packed_attention(model)
-    model._specstruct_numerics = "float32, row-invariant (oneDNN linear >=2 rows, row-wise attention)"
+    model._specstruct_numerics = f"float32, row-invariant (oneDNN linear >=2 rows, {weights}; row-wise attention)"
     return model._specstruct_numerics
 
 
 def restore_stock(model: torch.nn.Module) -> None:
-    """Undo make_row_invariant (for baselines that must run the stock transformers numerics)."""
+    """Undo make_row_invariant (for baselines that must run the stock transformers numerics): plain weights
+    (bitwise the originals), stock Linear forwards, the model's sdpa attention."""
+    unpack_linears(model)
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
             del mod.forward
@@ -113,9 +114,11 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     row's result depend on its neighbours.)"""
     import warnings
 
+    q = copy.deepcopy(model)
+    unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
-        q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
     return q
 
