@@ -10,9 +10,10 @@ A step:
   4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
               next token; finished rows leave and free their caches
 
-Prefill is bounded per step, not per row (admission order): while rows decode, `prefill_chunk` tokens (a long
-prompt never freezes them), more only while the P prompts being read outnumber the D decoding rows: a step may
-then last P/D decode-only steps. `adaptive_prefill=False` keeps `prefill_chunk`. Chunking changes no result.
+Prefill is bounded per step, not per row (admission order): with P prompts being read and D rows decoding, a
+step may last 1 + P/D decode-only steps (measured pass costs), never less than `prefill_chunk` tokens (a long
+prompt never freezes running rows), at most 256. `adaptive_prefill=False` keeps `prefill_chunk`. Chunking changes
+no result.
 
 The scheduler may `pause` a row between steps (its KV handed out, to be spilled) and `resume` it later; a row
 whose spilled KV was lost prefills its prompt and committed tokens again (`Row.fill_to`) before it decodes on.

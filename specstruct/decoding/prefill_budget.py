@@ -6,15 +6,17 @@ prompt, D rows decoding that feed d tokens to this step's pass, and T(n) the mea
 n tokens (batch_policy.pass_time):
 
 - nobody decodes (D = 0): IDLE_PREFILL tokens; nobody waits on the step, so the largest pass is the cheapest;
-- otherwise the step may last at most P / D decode-only steps: b is the largest budget with
+- otherwise b is the largest budget with
 
-      T(d + b) <= T(d) * P / D
+      D * (T(d + b) - T(d)) <= P * T(d)        i.e.   T(d + b) <= T(d) * (1 + P / D)
 
-  so while at most as many prompts wait as rows decode (a long prompt joining running rows) the rule grants
-  nothing beyond the floor (`BatchDecoder(prefill_chunk=32)`: latency first, a running row's step stays within
-  ~1.5x a decode-only step on the real pair); when prompts outnumber the decoding rows (a burst of arrivals:
-  throughput matters) the few decoding rows accept steps longer in proportion, and the many waiting ones start
-  decoding sooner, where their tokens share passes instead of waiting behind 32-token chunks;
+  the row-seconds the decoding rows lose to prefill in a step never exceed what a decode-only step would cost the
+  waiting prompts. A long prompt joining several decoding rows gets little (joining 3: steps of 1 1/3 decode
+  steps, under 32 tokens on the real pair, so the floor `BatchDecoder(prefill_chunk=32)` applies: latency first,
+  a running row's step stays within ~1.5x); a burst of prompts with few rows decoding gets long steps (1 decoding,
+  7 waiting: up to 8 decode steps, so the cap): the waiting rows start decoding sooner and share passes instead of
+  queueing behind 32-token chunks. (Over a whole prefill the decoding rows absorb the same prefill compute however
+  it is chunked; chunks only decide how long one step may be, and many small passes repeat the per-pass cost.)
 - never above IDLE_PREFILL, nor above PASS_TOKENS - d in all: the row invariance of the linear kernel (every
   row's result bitwise the same in any pass) is measured up to 300 rows per pass. The floor is always granted.
 
@@ -37,9 +39,9 @@ def prefill_budget(floor: int, prefilling: int, decoding: int, decode_tokens: in
     if decoding <= 0:
         return max(floor, IDLE_PREFILL)
     cap = min(IDLE_PREFILL, PASS_TOKENS - decode_tokens)
-    if prefilling <= decoding or cap <= floor:
+    if prefilling <= 0 or cap <= floor:
         return floor
-    bound = cost(decode_tokens) * prefilling / decoding
+    bound = cost(decode_tokens) * (1 + prefilling / decoding)
     lo, hi = floor, cap  # the largest b in [floor, cap] with cost(d + b) <= bound (T grows with b)
     while lo < hi:
         mid = (lo + hi + 1) // 2
