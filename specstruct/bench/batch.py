@@ -40,22 +40,29 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
 
 
-def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefill_chunk: int = 32) -> dict[str, Any]:
+def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefill_chunk: int = 32,
+                 adaptive_prefill: bool = True) -> dict[str, Any]:
     """Decode `requests` through one BatchDecoder with at most `concurrency` rows (continuous batching: a freed
-    slot is refilled at the next step; concurrency 1 is one at a time). All are submitted at t = 0."""
+    slot is refilled at the next step; concurrency 1 is one at a time). All are submitted at t = 0.
+    `max_decode_step_s`: the longest step while some row was decoding (what a running row waited at most)."""
     core = engine.engine
     rows = [core.decode(r.ids, r.constraint.fork(), r.config) for r in requests]
-    waiting, batch = list(rows), BatchDecoder(core, prefill_chunk=prefill_chunk)
+    waiting = list(rows)
+    batch = BatchDecoder(core, prefill_chunk=prefill_chunk, adaptive_prefill=adaptive_prefill)
     done_at: dict[int, float] = {}
     steps = occupied = 0
+    longest = 0.0
     t0 = time.perf_counter()
     while waiting or len(batch):
         while waiting and len(batch) < concurrency:
             batch.add(waiting.pop(0))
         occupied += len(batch)
+        t = time.perf_counter()
+        decoding = any(not r.prefilling for r in batch.rows)
         for row, _, finished in batch.step():
             if finished:
                 done_at[id(row)] = time.perf_counter() - t0
+        longest = max(longest, time.perf_counter() - t) if decoding else longest
         steps += 1
     wall = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in rows)
@@ -64,12 +71,14 @@ def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefi
         "concurrency": concurrency, "requests": len(rows), "tokens": tokens, "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 3), "passes": steps, "tokens_per_pass": round(tokens / steps, 3),
         "rows_per_pass": round(occupied / steps, 2), "latency_p50_s": round(statistics.median(lat), 2),
-        "latency_p95_s": round(_pct(lat, 0.95), 2), "errors": [repr(r.error) for r in rows if r.error],
+        "latency_p95_s": round(_pct(lat, 0.95), 2), "max_decode_step_s": round(longest, 2),
+        "errors": [repr(r.error) for r in rows if r.error],
         "token_ids": [r.token_ids for r in rows],
     }
 
 
 def measure_batch(engine, requests: Sequence[Request], concurrencies: Sequence[int], *, prefill_chunk: int = 32,
+                  adaptive_prefill: bool = True,
                   report: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """The requests one at a time, then batched at each concurrency, then one at a time again (so a shared
     machine's drift is bracketed). Per concurrency: the batched figures, the throughput ratio to the mean of
@@ -80,7 +89,8 @@ def measure_batch(engine, requests: Sequence[Request], concurrencies: Sequence[i
     report({"run": "one_at_a_time", **{k: v for k, v in first.items() if k != "token_ids"}})
     batched = []
     for c in concurrencies:
-        batched.append(run_requests(engine, requests, c, prefill_chunk=prefill_chunk))
+        batched.append(run_requests(engine, requests, c, prefill_chunk=prefill_chunk,
+                                    adaptive_prefill=adaptive_prefill))
         same = sum(x == y for x, y in zip(first["token_ids"], batched[-1]["token_ids"]))
         report({"run": "batched", **{k: v for k, v in batched[-1].items() if k != "token_ids"},
                 "identical_outputs": f"{same}/{len(requests)}"})
@@ -97,14 +107,16 @@ def measure_batch(engine, requests: Sequence[Request], concurrencies: Sequence[i
 
 
 def measure_prefill_interference(engine, running: Sequence[Request], long_prompt: Request, *,
-                                 prefill_chunk: int = 32, warm_steps: int = 3) -> dict[str, Any]:
+                                 prefill_chunk: int = 32, warm_steps: int = 3,
+                                 adaptive_prefill: bool = True) -> dict[str, Any]:
     """Inter-token latency of running rows while a long prompt arrives: step times with the newcomer prefilled in
-    chunks of `prefill_chunk`, vs in one go, vs nobody arriving (seconds per step of the running rows)."""
+    chunks (the decoder's budget with floor `prefill_chunk`), vs in one go, vs nobody arriving (seconds per step of
+    the running rows; `prefill_steps`: steps the newcomer took to read its prompt)."""
     result = {}
     for label, chunk, arrive in (("no_arrival", prefill_chunk, False), ("chunked", prefill_chunk, True),
                                  ("whole_prompt", 10**9, True)):
         core = engine.engine
-        batch = BatchDecoder(core, prefill_chunk=chunk)
+        batch = BatchDecoder(core, prefill_chunk=chunk, adaptive_prefill=adaptive_prefill)
         rows = [core.decode(r.ids, r.constraint.fork(), r.config) for r in running]
         for r in rows:
             batch.add(r)
@@ -112,18 +124,19 @@ def measure_prefill_interference(engine, running: Sequence[Request], long_prompt
             batch.step()
         for _ in range(warm_steps):
             batch.step()
+        newcomer = core.decode(long_prompt.ids, long_prompt.constraint.fork(), long_prompt.config)
         if arrive:
-            newcomer = core.decode(long_prompt.ids, long_prompt.constraint.fork(), long_prompt.config)
             batch.add(newcomer)
-        gaps = []
+        gaps, reading = [], 0
         for _ in range(max(4, -(-len(long_prompt.ids) // prefill_chunk) + 1)):
             t = time.perf_counter()
             if not any(not r.finished for r in rows):
                 break
+            reading += arrive and newcomer.prefilling
             batch.step()
             gaps.append(time.perf_counter() - t)
         result[label] = {"steps": len(gaps), "max_step_s": round(max(gaps), 3),
-                         "mean_step_s": round(statistics.mean(gaps), 3)}
+                         "mean_step_s": round(statistics.mean(gaps), 3), "prefill_steps": reading}
     result["long_prompt_tokens"] = len(long_prompt.ids)
     return result
 
@@ -144,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--no-spec", action="store_true", help="speculation off (plain batched decoding)")
     ap.add_argument("--interference", action="store_true", help="also measure a long prompt arriving")
     ap.add_argument("--interference-only", action="store_true", help="only that (no throughput runs)")
-    ap.add_argument("--prefill-chunk", type=int, default=32, help="prefill tokens per step while other rows decode")
+    ap.add_argument("--prefill-chunk", type=int, default=32,
+                    help="prefill tokens per step while other rows decode: the floor of the adaptive budget")
+    ap.add_argument("--fixed-prefill", action="store_true",
+                    help="exactly --prefill-chunk while rows decode (the budget before it adapted to the queue)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
@@ -158,12 +174,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     if not args.interference_only:
         for out in measure_batch(engine, reqs, concurrencies, prefill_chunk=args.prefill_chunk,
+                                 adaptive_prefill=not args.fixed_prefill,
                                  report=lambda run: print(json.dumps(run), flush=True)):
             print(json.dumps(out), flush=True)
     if args.interference or args.interference_only:
         long = Request(reqs[0].ids * 4, reqs[0].constraint, reqs[0].config)
-        print(json.dumps({"interference": measure_prefill_interference(engine, reqs[1:4], long,
-                                                                       prefill_chunk=args.prefill_chunk)}), flush=True)
+        print(json.dumps({"interference": measure_prefill_interference(
+            engine, reqs[1:4], long, prefill_chunk=args.prefill_chunk, adaptive_prefill=not args.fixed_prefill)}),
+            flush=True)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
 """Many requests decoded in lockstep: each step() runs ONE target pass (plus packed draft passes) for all rows.
 
 A step:
-  1. prefill  rows still reading their prompt get the next chunk (at most `prefill_chunk` tokens in all while
-              other rows decode, so a long prompt never freezes them; larger chunks when nobody decodes)
-  2. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
-              policy (batch_policy.py) sets each row's draft-model length; the draft model drafts for all rows
-              in packed passes (draft_batch.py)
+  1. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
+              policy (batch_policy.py) sets each row's draft-model length
+  2. prefill  rows reading their prompt get the next chunk within the step's budget (prefill_budget.py); the
+              draft model drafts for all rows and reads the chunks in packed passes (draft_batch.py)
   3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
               chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
   4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
               next token; finished rows leave and free their caches
 
-Prefill is bounded per step, not per row: while any row decodes, all prefill chunks of a step total at most
-`prefill_chunk` tokens (admission order), so running rows keep their inter-token latency at the price of more
-passes for long prompts (the prefill compute is the same either way; chunking does not change any result).
+Prefill is bounded per step, not per row (admission order): with P prompts being read and D rows decoding, a
+step may last 1 + P/D decode-only steps (measured pass costs), never less than `prefill_chunk` tokens (a long
+prompt never freezes running rows), at most 256. `adaptive_prefill=False` keeps `prefill_chunk`. Chunking changes
+no result.
 
 The scheduler may `pause` a row between steps (its KV handed out, to be spilled) and `resume` it later; a row
 whose spilled KV was lost prefills its prompt and committed tokens again (`Row.fill_to`) before it decodes on.
@@ -27,21 +27,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .batch_policy import Demand, allocate
+from .batch_policy import Demand, allocate, pass_time
 from .draft_batch import DraftState, Job, run_drafts
 from .kv.layers import SeqKV
+from .prefill_budget import prefill_budget
 from .row import Row, Step
-
-IDLE_PREFILL = 256  # prefill chunk when no row is decoding (row-invariance of the linear kernel is measured to 300)
 
 
 class BatchDecoder:
     """Decodes many requests in lockstep. `add` admits a row made by `engine.decode(...)`; `step` advances all;
     finished rows leave by themselves, `remove` cancels one."""
 
-    def __init__(self, engine: Any, *, prefill_chunk: int = 32):
+    def __init__(self, engine: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
         self.engine = engine
-        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefill_chunk = max(1, prefill_chunk)  # the per-step prefill budget while rows decode (its floor)
+        self.adaptive_prefill = adaptive_prefill  # False: exactly prefill_chunk while rows decode
         self.rows: list[Row] = []
         model = engine.drafters.get("model")
         self.draft = model.runtime if model is not None else None
@@ -145,14 +145,17 @@ class BatchDecoder:
         rows = list(self.rows)
         out: dict[int, list[int]] = {id(r): [] for r in rows}
         decoding = [r for r in rows if not r.prefilling]
-        chunks = self._chunks([r for r in rows if r.prefilling], bool(decoding))
         steps: dict[int, Step] = {}
         for r in decoding:
             try:
                 steps[id(r)] = r.draft_free()
             except Exception as err:
                 self._fail(r, err)
-        self._draft_model([r for r in decoding if id(r) in steps and not r.finished], steps, chunks)
+        live = [r for r in decoding if id(r) in steps and not r.finished]
+        demands, ks = self._draft_lengths(live, steps)
+        fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
+        chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
+        self._draft_model(live, steps, demands, ks, chunks)
         masks = {}
         for r in decoding:
             if id(r) in steps and not r.finished:
@@ -169,8 +172,9 @@ class BatchDecoder:
             result.append((r, out[id(r)], r.finished))
         return result
 
-    def _chunks(self, prefilling: list[Row], others_decode: bool) -> list[tuple[Row, list[int]]]:
-        budget = self.prefill_chunk if others_decode else max(self.prefill_chunk, IDLE_PREFILL)
+    def _chunks(self, prefilling: list[Row], decoding: int, fed: int) -> list[tuple[Row, list[int]]]:
+        budget = self.prefill_chunk if decoding and not self.adaptive_prefill else prefill_budget(
+            self.prefill_chunk, len(prefilling), decoding, fed, lambda n: pass_time(self.engine.policy, n))
         chunks = []
         for r in prefilling:
             if budget <= 0:
@@ -180,20 +184,24 @@ class BatchDecoder:
             budget -= len(c)
         return chunks
 
-    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], chunks) -> None:
+    def _draft_lengths(self, decoding: list[Row], steps: dict[int, Step]) -> tuple[list[Demand], list[int]]:
+        """Each decoding row's demand on the draft model and its draft length (batch_policy.allocate)."""
         if self.draft is None:
-            return
-        demands, drafting = [], []
+            return [], []
+        demands = []
         for r in decoding:
             s = steps[id(r)]
             if r.draft_kv is not None and (s.model_room > 0 or self._arbitrates(r, s)):
                 rate = r.policy.rate[(r.constraint.mode, "model")]
                 rate = r.config.adaptive_threshold if rate is None else rate
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
-                drafting.append(r)
             else:
                 demands.append(Demand(1 + len(s.cands), 0, 0.0))
-        ks = allocate(self.engine.policy, demands) if drafting else []
+        return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else []
+
+    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks, chunks) -> None:
+        if self.draft is None:
+            return
         jobs = {}
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]

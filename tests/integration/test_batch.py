@@ -138,3 +138,36 @@ def test_cancelled_row_frees_its_caches(tok, target, close_draft):
     while len(batch):
         batch.step()
     assert rows[1].finish_reason in ("stop", "length") and rows[1].kv is None
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_prefill_budget_grows_for_a_burst_of_prompts_only(tok, target, close_draft, adaptive):
+    """prefill_budget.py in the decoder, with the real pair's pass costs (fixed, not measured: tiny models cost
+    almost nothing per token): 1 prompt joining 1 decoding row is read `prefill_chunk` tokens a step; 4 more
+    arriving are read faster (unless adaptive_prefill=False). Every output is the request's output alone."""
+    eng = _engine(tok, target, close_draft)
+    cfg = SpecConfig(max_new_tokens=24, use_prefix_cache=False)
+    jobs = [(KINDS[i], PROMPTS[i % 4] + " " + PROMPTS[(i + 1) % 4]) for i in range(6)]
+    expected = [_alone(eng, tok, k, p, cfg) for k, p in jobs]
+    eng.policy.use_timing = False  # the costs below stay as they are
+    eng.policy.target_cost = {n: 0.45 + 0.022 * n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 300)}
+    rows = [eng.decode(_ids(tok, p), _compile(tok, eng, k).fork(), cfg) for k, p in jobs]
+    batch = BatchDecoder(eng, prefill_chunk=32, adaptive_prefill=adaptive)
+
+    def read_in_one_step(newcomers):  # prompt tokens all prefilling rows read in the next step
+        for r in newcomers:
+            batch.add(r)
+        before = sum(r.prefilled for r in rows[1:])
+        batch.step()
+        return sum(r.prefilled for r in rows[1:]) - before
+
+    batch.add(rows[0])
+    while rows[0].prefilling:
+        batch.step()
+    assert len(rows[1].prompt) > 40
+    assert read_in_one_step(rows[1:2]) == 32  # one prompt joining one decoding row: latency first
+    burst = read_in_one_step(rows[2:])
+    assert burst > 32 if adaptive else burst == 32
+    while len(batch):
+        batch.step()
+    assert [r.token_ids for r in rows] == expected and all(r.error is None for r in rows)
