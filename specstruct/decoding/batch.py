@@ -191,13 +191,13 @@ class BatchDecoder:
         demands = []
         for r in decoding:
             s = steps[id(r)]
-            if r.draft_kv is not None and (s.model_room > 0 or self._arbitrates(r, s)):
+            if r.draft_kv is not None and (s.model_room > 0 or s.arbitrates(r.config)):
                 rate = r.policy.rate[(r.constraint.mode, "model")]
                 rate = r.config.adaptive_threshold if rate is None else rate
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
             else:
                 demands.append(Demand(1 + len(s.cands), 0, 0.0))
-        return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else []
+        return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
 
     def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks, chunks) -> None:
         if self.draft is None:
@@ -206,7 +206,7 @@ class BatchDecoder:
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]
             forced = r.config.use_forced_text
-            if self._arbitrates(r, s) and r in drafting:  # the draft arbitrates the free candidates, and drafts
+            if r.draft_kv is not None and s.arbitrates(r.config):  # the draft arbitrates the free candidates, and drafts
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
                                   hint=list(s.cands), limit=s.model_limit, forced=forced)  # in the room it frees
             elif d.limit and k > 0:
@@ -240,15 +240,7 @@ class BatchDecoder:
                 continue
             if j.hint:
                 steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
-            at = 0
-            for name, n in j.runs:  # the draft's own tokens and the forced text between them, in order
-                qs = j.qs[at : at + n] if name == "model" and j.qs else None
-                steps[id(r)].add(name, j.tokens[at : at + n], _stack(qs) if qs else None)
-                at += n
-
-    @staticmethod
-    def _arbitrates(r: Row, s) -> bool:
-        return bool(s.cands) and s.model_limit > 0 and r.config.temperature <= 0 and r.config.draft_arbitration
+            steps[id(r)].add_runs(j.tokens, j.runs, j.qs)
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
         segs, keep = [], []
@@ -299,9 +291,3 @@ def _from_cache(rt, row: Row, ids: list[int], build):
         return build(hit.layers if hit.tokens else None, hit.tokens)
     finally:
         hit.release()
-
-
-def _stack(qs):
-    import torch
-
-    return torch.stack(qs)

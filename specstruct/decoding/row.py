@@ -251,6 +251,10 @@ class Step:
         self.qs: list[torch.Tensor | None] = []
         self.segments: list[tuple[str, int]] = []
 
+    def arbitrates(self, config: SpecConfig) -> bool:
+        """The draft model arbitrates the free candidates (greedy, planned, switched on)."""
+        return bool(self.cands) and self.model_limit > 0 and config.temperature <= 0 and config.draft_arbitration
+
     def keep_free(self, kept: int, fork, stats: Stats) -> None:
         """After draft arbitration: keep only the first `kept` free candidates (the draft overruled the rest, which
         are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
@@ -265,6 +269,14 @@ class Step:
         if dropped:
             self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
         self.fork = fork
+
+    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list) -> None:
+        """The draft model's tokens and the forced tokens between them, in order (q per model token if sampling)."""
+        at = 0
+        for name, n in runs:
+            q = qs[at : at + n] if name == "model" and qs else None
+            self.add(name, tokens[at : at + n], torch.stack(q) if q else None)
+            at += n
 
     def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
         if tokens:
