@@ -107,9 +107,8 @@ def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: lis
                 at = -1
                 if first and j.hint:
                     at = _arbitrate(j, lg)
-                if (not j.feed_only and len(j.tokens) < j.k and _take(j, lg[at]) and j.tokens[-1] not in eos
-                        and len(j.tokens) < j.k):
-                    feeds[id(j)] = [j.tokens[-1]] + _forced(j, eos)
+                if not j.feed_only and len(j.tokens) < j.k and _take(j, lg[at]) and j.tokens[-1] not in eos:
+                    feeds[id(j)] = [j.tokens[-1]] + _forced(j, eos)  # nothing forced once the draft is full
                     if len(j.tokens) < j.k:
                         more.append(j)
         first = False
