@@ -11,5 +11,6 @@
     runtime      a model with per-sequence KV caches, with row-invariant CPU numerics
     linear       the row-invariant Linear kernel (oneDNN, >= 2 rows) and its prepacked weights
     packed       packed ragged passes: many sequences in one forward, each attending to its own KV
+    openmp       only the computing thread keeps an OpenMP worker pool (idle pools slow it down)
     drafting/    forced text, prompt lookup, draft model
 """

@@ -26,6 +26,7 @@ from specstruct.config import BatchConfig
 from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
 from .batch import BatchDecoder
 from .engine import Decode, Engine
+from .openmp import release_pool
 from .preempt import Preemption, held
 from .request import Request
 from .serial import SerialBatchDecoder
@@ -78,6 +79,7 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._run, name="specstruct-scheduler", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
+        release_pool()  # this thread's OpenMP pool, if it has one, would slow the decode thread (openmp.py)
         return req
 
     @property
@@ -132,6 +134,8 @@ class Scheduler:
     def _admit(self) -> bool:
         """Wait for work, then admit waiting requests into free slots (arrival order). False once closed."""
         size = self.config.max_batch_size
+        if not self._active:
+            release_pool()  # idle: give the OpenMP workers back while other threads may compute (openmp.py)
         with self._cv:
             while self._closed is None and not self._waiting and not self._active:
                 self._cv.wait()

@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
+from ..openmp import releasing
 from .layers import KVLayers, concat, span
 from .radix import Node, RadixTree
 from .tiers import Slot, Tier
@@ -117,7 +118,7 @@ class PrefixCache:
             finally:
                 self._unlock(tree, path[-1][0])
 
-        return self._pool.submit(job)
+        return self._pool.submit(releasing(job))
 
     def _resident(self, node: Node) -> KVLayers | None:
         """The node's layers in the resident tier, read back from a lower tier if needed (the node is locked).

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..openmp import releasing
 from .layers import SeqKV, nbytes
 from .prefix_cache import KVLostWarning
 from .tiers import Slot, Tier
@@ -67,7 +68,7 @@ class KVStore:
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specstruct-kv-restore")
-            handle.loading = self._pool.submit(self._read, handle)
+            handle.loading = self._pool.submit(releasing(self._read), handle)
 
     def restore(self, handle: SpillHandle) -> SeqKV:
         """The sequence back, its layers on the tier's device (None when they are lost or were never stored: the
