@@ -14,6 +14,7 @@ import torch
 from .config import BatchConfig, SpecConfig
 from .constraints import Constraint, compile_constraint
 from .decoding.engine import Engine
+from .decoding.openmp import release_pool
 from .decoding.scheduler import DecoderFactory, Scheduler
 from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
@@ -78,6 +79,7 @@ class SpecStruct(AsyncCalls):
         self._preemption = Preemption(self._kv_budget, self.kv_store)
         self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
+        release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
 
     @classmethod
     def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,

@@ -58,15 +58,17 @@ class StepTimer:
             self.t[name] += time.perf_counter() - self._t0[name]
 
     def wrap_draft(self, runtime: Any) -> None:
-        for fn in ("prefill", "extend"):
+        for fn in ("prefill", "extend", "forward"):  # forward: the packed passes of draft_batch
             inner = getattr(runtime, fn)
 
-            def timed(*a: Any, _inner: Any = inner, **kw: Any) -> Any:
+            def timed(*a: Any, _inner: Any = inner, _fn: str = fn, **kw: Any) -> Any:
                 t0 = time.perf_counter()
                 try:
                     return _inner(*a, **kw)
                 finally:
-                    if self.on:
+                    # a pass that only reads prompt chunks (no logits kept) is part of the prefill
+                    reading = _fn == "forward" and not any(a[1] if len(a) > 1 else kw.get("keep", [1]))
+                    if self.on and not reading:
                         self.t["draft model"] += time.perf_counter() - t0
             setattr(runtime, fn, timed)
 

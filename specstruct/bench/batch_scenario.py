@@ -46,6 +46,9 @@ def _one(engine: Any, w: Workload, config: Any, s: Settings) -> tuple[list[int],
 
 
 def _engine_side(engine: Any, wls: list[Workload], config: Any, s: Settings, concurrent: bool) -> dict[str, Any]:
+    from ..decoding.openmp import release_pool
+
+    release_pool()  # the requests come from other threads: this one's OpenMP pool would slow the decode thread
     done: list[float] = [0.0] * len(wls)
     outs: list[Any] = [None] * len(wls)
     passes = engine.scheduler.passes

@@ -9,7 +9,7 @@ afterwards (`stock_numerics`).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..api import eos_token_ids
@@ -21,10 +21,16 @@ from .workloads import Workload
 @contextmanager
 def stock_numerics(*models: Any) -> Iterator[None]:
     """Run a block with transformers' stock numerics on models that specstruct's runtime switched to
-    row-invariant numerics (a user of outlines or plain transformers gets the stock ones)."""
+    row-invariant numerics (a user of outlines or plain transformers gets the stock ones). Afterwards the thread
+    gives its OpenMP pool back (decoding/openmp.py), so the next specstruct side decodes unthrottled."""
+    from ..decoding.openmp import release_pool
+
     patched = [m for m in models if m is not None and getattr(m, "_specstruct_numerics", None)]
     if not patched:
-        yield
+        try:
+            yield
+        finally:
+            release_pool()  # this thread computed: its OpenMP pool would slow specstruct's decode thread
         return
     from ..decoding.runtime import make_row_invariant, restore_stock
 
@@ -35,6 +41,7 @@ def stock_numerics(*models: Any) -> Iterator[None]:
     finally:
         for m in patched:
             make_row_invariant(m)
+        release_pool()  # this thread computed: its OpenMP pool would slow specstruct's decode thread
 
 
 
@@ -92,7 +99,7 @@ class _ExternalSide:
         self.model, self.tokenizer, self.eos = engine.model, engine.tokenizer, eos_ids(engine)
 
     def _numerics_block(self) -> Any:
-        return stock_numerics(self.model, self.assistant) if self.stock else nullcontext()
+        return stock_numerics(self.model, self.assistant) if self.stock else stock_numerics()  # releases its pool
 
     def numerics(self) -> str:
         with self._numerics_block():

@@ -72,3 +72,12 @@ def test_scheduler_releases_the_submitters_pool_and_its_own_when_idle(tok, targe
             time.sleep(0.01)  # after its last row the loop releases before it waits
     assert calls.count(threading.current_thread().name) >= 2  # each submit, from the caller's thread
     assert calls.count("specstruct-scheduler") >= 2  # idle before the first request, and after each
+
+
+def test_building_an_engine_releases_the_loading_threads_pool(tok, target, monkeypatch):
+    import specstruct.api as api
+
+    calls: list[str] = []
+    monkeypatch.setattr(api, "release_pool", lambda: calls.append(threading.current_thread().name))
+    with ss.SpecStruct(target, tok):
+        assert calls == [threading.current_thread().name]
