@@ -107,8 +107,11 @@ class SpecStruct(AsyncCalls):
         return self._compile(resolve(output_type))
 
     def _compile(self, spec: OutputSpec) -> Constraint:
-        return compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
-                                  eos_token_ids=self.eos_token_ids)
+        try:
+            return compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
+                                      eos_token_ids=self.eos_token_ids)
+        finally:
+            release_pool()  # building token tables ran OpenMP regions on this thread (a server's worker thread)
 
     def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None) -> list[dict[str, Any]]:
         """The chat messages a call sends: the prompt plus a system instruction naming the output's schema."""

@@ -10,9 +10,10 @@ small regions. Measured on the 2-core machine, Qwen2.5-Coder-1.5B + 0.5B int8 dr
 on the main thread, the same work; 6.0 s on the scheduler's thread once the main thread's pool was released.
 
 `release_pool()` frees the calling thread's pool (libgomp's `omp_pause_resource_all`, OpenMP 5.0); its next
-parallel region builds a new one (well under a millisecond). The scheduler calls it from each submitting thread
-and for itself when it goes idle, and the KV helper threads after each job, so only the thread that computes
-holds a pool. Where torch does not use libgomp (other platforms, Intel OpenMP) it does nothing.
+parallel region builds a new one (well under a millisecond). It runs on the loading thread after `SpecStruct(...)`,
+on a thread that compiled a constraint (token tables over a 151k vocabulary run parallel regions: a server
+compiles on worker threads), on each submitting thread, on the scheduler when it goes idle, and on the KV helper
+threads after each job, so only the thread that computes holds a pool. Where torch does not use libgomp (other platforms, Intel OpenMP) it does nothing.
 """
 
 from __future__ import annotations

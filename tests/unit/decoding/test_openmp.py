@@ -81,3 +81,13 @@ def test_building_an_engine_releases_the_loading_threads_pool(tok, target, monke
     monkeypatch.setattr(api, "release_pool", lambda: calls.append(threading.current_thread().name))
     with ss.SpecStruct(target, tok):
         assert calls == [threading.current_thread().name]
+
+
+def test_compiling_a_constraint_releases_the_callers_pool(tok, target, monkeypatch):
+    import specstruct.api as api
+
+    with ss.SpecStruct(target, tok) as e:
+        calls: list[str] = []
+        monkeypatch.setattr(api, "release_pool", lambda: calls.append("released"))
+        e.constraint(ss.Regex("[ab]{3}"))  # a server compiles on a worker thread that never submits
+        assert calls == ["released"]
