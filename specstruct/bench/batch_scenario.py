@@ -159,6 +159,8 @@ def _meta(engine: Any, s: Settings, machine: dict[str, Any]) -> dict[str, Any]:
     from .fairness import engine_numerics
 
     draft = getattr(getattr(engine.draft_model, "config", None), "_name_or_path", None)
+    if draft and os.path.isabs(str(draft)):  # a local folder: its name, not this machine's path
+        draft = os.path.basename(str(draft).rstrip("/"))
     meta = {"models": {"target": engine.model_name, "draft": str(draft) if draft else None},
             "numerics": engine_numerics(engine), "decoder": type(engine.scheduler.decoder).__name__,
             "batch_config": engine.batch_config.model_dump(), "settings": vars(s), "prefix_cache": "off on every side",
