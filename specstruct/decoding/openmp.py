@@ -6,14 +6,16 @@ that loaded its model (or ran any torch op) on its main thread holds two pools. 
 than there are CPUs it stops spin-waiting between parallel regions (`gomp_throttled_spin_count_var`: 100 spins
 instead of 300,000) and every region boundary becomes a futex sleep and wake-up; a decode step is thousands of
 small regions. Measured on the 2-core machine, Qwen2.5-Coder-1.5B + 0.5B int8 draft, one JSON extraction
-(`/work`-style script in docs/benchmarks.md, "The decode thread"): 10.0 s on the scheduler's thread against 6.0 s
-on the main thread, the same work; 6.0 s on the scheduler's thread once the main thread's pool was released.
+(`python -m specstruct.bench.decode_thread`; docs/benchmarks.md, "The decode thread"): 9.8-10.1 s on a second
+thread while the main thread's pool lives, against 5.9-7.3 s on the main thread; 6.0-7.2 s on the second thread
+once the main thread's pool was released.
 
 `release_pool()` frees the calling thread's pool (libgomp's `omp_pause_resource_all`, OpenMP 5.0); its next
 parallel region builds a new one (well under a millisecond). It runs on the loading thread after `SpecStruct(...)`,
 on a thread that compiled a constraint (token tables over a 151k vocabulary run parallel regions: a server
 compiles on worker threads), on each submitting thread, on the scheduler when it goes idle, and on the KV helper
-threads after each job, so only the thread that computes holds a pool. Where torch does not use libgomp (other platforms, Intel OpenMP) it does nothing.
+threads after each job, so only the thread that computes holds a pool. Where torch does not use libgomp (other
+platforms, Intel OpenMP) it does nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _libgomp_paths() -> list[str]:
 def _resolve() -> Callable[[int], int] | None:
     """`omp_pause_resource_all` of the libgomp torch loaded, or None."""
     global _pause, _resolved
+    if _resolved:
+        return _pause
     with _lock:
         if not _resolved:
             import torch  # noqa: F401 - its libgomp must be loaded to be found
