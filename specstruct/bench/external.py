@@ -24,16 +24,9 @@ def stock_numerics(*models: Any) -> Iterator[None]:
     row-invariant numerics (a user of outlines or plain transformers gets the stock ones). Afterwards the thread
     gives its OpenMP pool back (decoding/openmp.py), so the next specstruct side decodes unthrottled."""
     from ..decoding.openmp import release_pool
-
-    patched = [m for m in models if m is not None and getattr(m, "_specstruct_numerics", None)]
-    if not patched:
-        try:
-            yield
-        finally:
-            release_pool()  # this thread computed: its OpenMP pool would slow specstruct's decode thread
-        return
     from ..decoding.runtime import make_row_invariant, restore_stock
 
+    patched = [m for m in models if m is not None and getattr(m, "_specstruct_numerics", None)]
     for m in patched:
         restore_stock(m)
     try:
