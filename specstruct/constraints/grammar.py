@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specstruct.constraints.limits import llguidance_limits
+from specstruct.constraints.limits import limits, llguidance_limits
 from specstruct.errors import ConstraintError
 
 _LLTOKENIZERS: dict[tuple, object] = {}
@@ -38,6 +38,17 @@ def _special_ids(tokenizer, vocab_size: int) -> np.ndarray:
 
     special = token_table(tokenizer).eos_like
     return special[special < vocab_size]
+
+
+def _limit_error(error: str) -> ConstraintError:
+    """A parser limit hit while generating: name the limit that raises it."""
+    error = " ".join(error.replace("<non-verbose/>", "").split())[:300]
+    lexer = "expressions" in error or "fuel" in error
+    name = "lexer_fuel" if lexer else "memory_mb"
+    return ConstraintError(
+        f"the constraint failed while generating: {error}. The schema or grammar is too complex for llguidance's "
+        f"{'lexer fuel (regex work per token)' if lexer else 'parser limits'}: simplify it (simpler patterns, fewer "
+        f"optional properties or alternatives); it hit the {limits().describe(name)}.")
 
 
 class GrammarConstraint:
@@ -77,9 +88,7 @@ class GrammarConstraint:
         else:
             packed = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
             if self._m.is_error():  # a parser limit hit mid-output: fail loudly, never unconstrained
-                raise ConstraintError(f"the constraint failed while generating: {self._m.get_error()[:300]}. "
-                                      "The schema or grammar is too complex for llguidance's parser limits; "
-                                      "simplify it (fewer optional properties or alternatives).")
+                raise _limit_error(self._m.get_error())
             bits = np.unpackbits(packed, count=min(len(packed) * 8, self.vocab_size), bitorder="little")
             if len(bits) < self.vocab_size:
                 bits = np.concatenate([bits, np.zeros(self.vocab_size - len(bits), dtype=np.uint8)])

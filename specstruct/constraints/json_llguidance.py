@@ -134,7 +134,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     """A GrammarConstraint at the start of `source`'s instances, or ConstraintError naming keyword and path."""
     from llguidance import LLMatcher
 
-    key = (table.key, vocab_size, source)
+    key = (table.key, vocab_size, source, limits().lexer_fuel, limits().memory_mb)  # a template keeps its limits
     template = TEMPLATES.get(key)
     if template is None:
         lltok = _lltokenizer(tokenizer, table, vocab_size)
@@ -152,19 +152,20 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
 
 
-_LIMIT_WORDS = {"fuel": "llguidance lexer fuel", "lexer states": "llguidance max_lexer_states",
-                "grammar size": "llguidance max_grammar_size", "too many items": "llguidance step_max_items",
-                "recursion limit": "max_schema_depth", "determine if regex is empty": "llguidance lexer fuel"}
+_LIMIT_WORDS = {  # words of llguidance's message -> (what it is, the specstruct limit that raises it)
+    "fuel": ("llguidance lexer fuel", "lexer_fuel"), "too many expressions": ("llguidance lexer fuel", "lexer_fuel"),
+    "determine if regex is empty": ("llguidance lexer fuel", "lexer_fuel"),
+    "lexer states": ("llguidance max_lexer_states", "memory_mb"), "grammar size": ("llguidance max_grammar_size", "memory_mb"),
+    "too many items": ("llguidance step_max_items", "memory_mb"), "recursion limit": ("max_schema_depth", "max_schema_depth")}
 
 
 def _error(message: str, schema: Any) -> ConstraintError:
     """llguidance's message, with the keyword and the JSON path it concerns where they can be found."""
     message = " ".join(message.strip().split())[:500]
     lower = message.lower()
-    for word, limit in _LIMIT_WORDS.items():
+    for word, (what, name) in _LIMIT_WORDS.items():
         if word in lower:
-            name = "max_schema_depth" if limit == "max_schema_depth" else "memory_mb"
-            return too_complex("the JSON schema", name, f"{limit}: {message}")
+            return too_complex("the JSON schema", name, f"{what}: {message}")
     m = re.search(r'Unimplemented keys: \[([^\]]*)\]', message)
     keys = re.findall(r'"([^"]+)"', m.group(1)) if m else []
     keyword = ("if" if "if" in keys else keys[0]) if keys else next((k for k in ("oneOf", "$ref", "pattern", "format", "allOf", "anyOf")

@@ -11,7 +11,8 @@ A server accepts user schemas and regexes, so no compile may take the process do
 Every refusal is a ConstraintError that says which limit was hit and how to raise it. The defaults keep a
 2-core, 24 GB machine safe; override them per process with `set_limits(...)` or the environment variables
 SPECSTRUCT_COMPILE_TIME_S, SPECSTRUCT_COMPILE_MEMORY_MB, SPECSTRUCT_CONSTRAINT_CACHE_MB,
-SPECSTRUCT_DISK_CACHE_MB, SPECSTRUCT_MAX_REPEAT, SPECSTRUCT_MAX_REGEX_SIZE, SPECSTRUCT_MAX_SCHEMA_DEPTH.
+SPECSTRUCT_DISK_CACHE_MB, SPECSTRUCT_MAX_REPEAT, SPECSTRUCT_MAX_REGEX_SIZE, SPECSTRUCT_MAX_SCHEMA_DEPTH,
+SPECSTRUCT_MAX_SCHEMA_BYTES, SPECSTRUCT_LEXER_FUEL.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class CompileLimits:
     max_regex_size: int = 500_000   # regex size with counted repetitions expanded
     max_schema_depth: int = 128     # JSON nesting depth of a schema (objects and lists)
     max_schema_bytes: int = 4 << 20  # size of a JSON schema's text
+    # llguidance lexer work (regex derivatives) allowed for one compile and for one token mask: about 0.3-0.6 s on
+    # a 2-core Xeon. llguidance's default (200k per mask) stopped two corpus schemas mid-output; this admits them.
+    lexer_fuel: int = 4_000_000
 
     def describe(self, name: str) -> str:
         env = "SPECSTRUCT_" + {"time_s": "COMPILE_TIME_S", "memory_mb": "COMPILE_MEMORY_MB",
@@ -80,8 +84,9 @@ def llguidance_limits():
 
     states = max(10_000, min(250_000, limits().memory_mb * 1024 // 4))
     # An Earley row holds ~4 items per optional property: the default 2000 fails mid-generation at ~500.
+    fuel = limits().lexer_fuel
     return LLParserLimits(max_lexer_states=states, max_items_in_row=20_000, step_max_items=200_000,
-                          verbose_errors=False)
+                          initial_lexer_fuel=fuel, step_lexer_fuel=fuel, verbose_errors=False)
 
 
 _COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")

@@ -130,6 +130,28 @@ def test_disk_cache_is_pruned_to_its_budget(tok, tmp_path):
     assert sum(p.stat().st_size for p in (tmp_path / "constraints").rglob("*.index")) == 0
 
 
+def test_lexer_fuel_bounds_each_mask_and_the_default_admits_a_word_count_pattern(tok):
+    """Github_easy---o21053's pattern (at most 100 words) inside a length bound: llguidance's default 200k fuel per
+    mask stopped it mid-output on its own valid instances; the default lexer_fuel admits it, a small one still
+    stops it with a typed error that names the knob (never an unconstrained mask)."""
+    schema = {"type": "object", "required": ["q"], "properties": {"q": {
+        "type": "string", "minLength": 1, "maxLength": 5000, "pattern": r"^$|(^(?:\S+\s+){0,99}\S+$)"}}}
+    text = json.dumps({"q": "What is the primary function of the human brain?"})
+
+    def walk() -> bool:
+        c = make(tok, "json", schema)
+        for t in tok.encode(text, add_special_tokens=False):
+            assert c.mask()[t]
+            c.advance([t])
+        return c.is_final()
+
+    assert walk()
+    L.set_limits(lexer_fuel=200_000)
+    with pytest.raises(ConstraintError, match="failed while generating") as e:
+        walk()
+    assert "lexer_fuel=200000" in str(e.value) and "SPECSTRUCT_LEXER_FUEL" in str(e.value)
+
+
 def test_env_and_set_limits_name_the_knob():
     assert "SPECSTRUCT_COMPILE_TIME_S" in L.limits().describe("time_s")
     assert L.set_limits(time_s=7).time_s == 7
