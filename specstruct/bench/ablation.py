@@ -27,8 +27,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lookup-only": dict(use_forced_text=False, use_draft_model=False),
     "model-only": dict(use_forced_text=False, use_prompt_lookup=False),
     "forced+lookup": dict(use_draft_model=False),
-    "cap-4": dict(max_candidates={"json": 4}),
-    "cap-16": dict(max_candidates={"json": 16}),
+    # caps replace only the modes they name: text keeps its own cap
+    "cap-4": dict(max_candidates={"json": 4, "code": 4}),
+    "cap-16": dict(max_candidates={"json": 16, "code": 16}),
     "draft-float32": dict(draft_numerics="float32"),
 }
 PARTS = ("prefill", "target attention", "target MLP", "target LM head", "target other", "draft model",
@@ -101,8 +102,10 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
         order = variants[i % len(variants):] + variants[: i % len(variants)]
         for v in order:
             eng = engines[v]
-            cfg = eng.config.merged(max_new_tokens=max_new_tokens, **{k: x for k, x in VARIANTS[v].items()
-                                                                      if k != "draft_numerics"})
+            change = {k: x for k, x in VARIANTS[v].items() if k != "draft_numerics"}
+            if "max_candidates" in change:
+                change["max_candidates"] = {**eng.config.max_candidates, **change["max_candidates"]}
+            cfg = eng.config.merged(max_new_tokens=max_new_tokens, **change)
             eng.engine.policy = AdaptivePolicy(cfg, set(eng.engine.drafters))
             ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
             timer = timers[id(eng)]
@@ -164,21 +167,27 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(limit: int = typer.Option(3, "--limit", help="extraction prompts"),
+def main(limit: int = typer.Option(3, "--limit", help="prompts"),
+         scenario: str = typer.Option("extraction", "--scenario",
+                                      help="extraction (typed extraction JSON) | json (the bench's JSON prompts: "
+                                           "extraction and JSONSchemaBench interleaved) | code | prose"),
          variants: str = typer.Option("target-only,all,no-arbitration", "--variants",
                                       help=f"comma-separated, from {','.join(VARIANTS)}"),
          max_new_tokens: int = typer.Option(200, "--max-new-tokens"),
          model: str = typer.Option("qwen2.5-coder-1.5b", "--model"),
          draft: str = typer.Option("qwen2.5-coder-0.5b", "--draft"),
          out: str = typer.Option("", "--out", help="write rows and summary as JSON")) -> None:
-    """Ablation of drafters, draft numerics and caps on typed-extraction JSON, with a per-part time profile."""
+    """Ablation of drafters, draft numerics and caps (typed-extraction JSON by default), with a per-part time
+    profile."""
     import torch
 
     import specstruct as ss
     from specstruct.config import SpecConfig
 
-    from .workloads import extraction_workloads
+    from .workloads import extraction_workloads, load_workloads
 
+    if scenario not in ("extraction", "json", "code", "prose"):
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: extraction, json, code or prose")
     names = [v.strip() for v in variants.split(",") if v.strip()]
     if unknown := [v for v in names if v not in VARIANTS]:
         raise typer.BadParameter(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
@@ -190,7 +199,8 @@ def main(limit: int = typer.Option(3, "--limit", help="extraction prompts"),
 
         f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0], SpecConfig(draft_numerics="float32"))
         engines["draft-float32"] = f32
-    result = run(eng, engines, extraction_workloads(limit), names, max_new_tokens)
+    workloads = extraction_workloads(limit) if scenario == "extraction" else load_workloads(scenario, limit)
+    result = run(eng, engines, workloads, names, max_new_tokens)
     print(markdown(result["summary"]))
     if out:
         with open(out, "w") as f:

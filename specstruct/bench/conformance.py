@@ -124,7 +124,8 @@ def check_one(path: str, tok=None, backend: str = "llguidance") -> dict:
             rec["valid"] += 1
             rec["valid_accepted"] += ok
             if not ok:
-                rec["rejected_valid"].append({"text": text[:300], "reason": reason(test["data"], schema, text)})
+                rec["rejected_valid"].append({"text": text[:300],
+                                              "reason": reason(test["data"], schema, text, backend)})
         else:
             rec["invalid"] += 1
             rec["invalid_rejected"] += not ok

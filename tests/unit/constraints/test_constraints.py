@@ -227,6 +227,39 @@ def test_allof_members_merge_when_they_combine_cleanly(tok):
         outlines(tok, closed)
 
 
+def test_allof_ref_member_stays_open_like_an_inline_member(tok):
+    """A definition is closed to its own keys where it is used alone, but an allOf member that refers to it must
+    let the other members add keys (Github_easy---o12649; with `type` required the schema admitted no value)."""
+    schema = {"$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}}}},
+              "type": "object", "properties": {
+                  "billing": {"$ref": "#/$defs/address"},
+                  "shipping": {"allOf": [{"$ref": "#/$defs/address"},
+                                         {"properties": {"kind": {"enum": ["home", "office"]}}, "required": ["kind"]}]}}}
+    c = make(tok, "json", schema)
+    assert c.accepts('{"billing": {"street": "Elm"}, "shipping": {"street": "Oak", "kind": "home"}}')
+    assert not c.accepts('{"billing": {"street": "Elm"}, "shipping": {"street": "Oak", "kind": "ship"}}')
+    assert not c.accepts('{"billing": {"street": "Elm", "kind": "home"}}')  # alone, the definition stays closed
+    assert not c.accepts('{"shipping": {"street": "Oak"}}')  # kind is required
+
+
+def test_object_and_its_anyof_branches_share_their_keys(tok):
+    """Closed separately, an object and its branches forbade each other's keys: a parent's `uris` next to a tagged
+    union on `grant` could never be written (Github_easy---o10011), nor a key only a oneOf branch declares
+    (Github_easy---o75096), and a required one made the schema empty. Each key is still checked by its declarer."""
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"grant": {"type": "string"}, "uris": {"type": "array", "items": {"type": "string"}}},
+              "oneOf": [{"properties": {"grant": {"const": "code"}, "mode": {"enum": ["a", "b"]}}, "required": ["grant"]},
+                        {"properties": {"grant": {"const": "token"}}, "required": ["grant"]}]}
+    c = make(tok, "json", schema)
+    assert c.accepts('{"grant": "code", "uris": ["x"]}') and c.accepts('{"grant": "token", "uris": []}')
+    assert c.accepts('{"grant": "code", "uris": ["x"], "mode": "a"}')
+    assert not c.accepts('{"grant": "code", "uris": [1]}') and not c.accepts('{"grant": "code", "mode": "c"}')
+    assert not c.accepts('{"grant": "other"}') and not c.accepts('{"grant": "code", "extra": 1}')
+    required = {"type": "object", "properties": {"unit": {"type": "string"}},
+                "anyOf": [{"properties": {"uom": {"type": "string"}}, "required": ["uom"]}]}
+    assert make(tok, "json", required).accepts('{"unit": "K", "uom": "kelvin"}')
+
+
 @pytest.mark.parametrize("schema", [
     {"enum": []},
     {"type": "string", "minLength": 5, "maxLength": 2},
