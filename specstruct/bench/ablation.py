@@ -97,8 +97,15 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
         timers[id(eng)] = StepTimer(eng)
         if "model" in eng.engine.drafters:
             timers[id(eng)].wrap_draft(eng.engine.drafters["model"].runtime)
+    from specstruct.errors import ConstraintError
+
     rows: list[dict[str, Any]] = []
     for i, w in enumerate(workloads):
+        try:
+            engine.constraint(w.output_type)
+        except ConstraintError as e:  # a schema specstruct refuses (e.g. `not`): no side can run it guaranteed
+            echo(f"{w.id:28s} refused: {str(e).splitlines()[0][:100]}")
+            continue
         order = variants[i % len(variants):] + variants[: i % len(variants)]
         for v in order:
             eng = engines[v]

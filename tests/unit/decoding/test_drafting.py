@@ -85,9 +85,13 @@ def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close
     eng = ss.SpecStruct(target, tok, draft_model=close_draft)
     w = Workload("p", "json", "extraction", [{"role": "user", "content": "Ada Lovelace, 36."}], Person, Person,
                  lambda text: (True, ""))
-    variants = ["target-only", "all", "no-arbitration"]
-    res = run(eng, {v: eng for v in variants}, [w, w], variants, 16, echo=lambda *a: None)
+    refused = Workload("r", "json", "schema", w.messages, {"type": "string", "not": {"pattern": "^a"}}, None,
+                       lambda text: (True, ""))
+    variants = ["target-only", "all", "no-arbitration", "cap-16"]
+    said: list[str] = []
+    res = run(eng, {v: eng for v in variants}, [w, refused, w], variants, 16, echo=said.append)
     s = res["summary"]
+    assert any("refused" in line for line in said)  # a schema no side can guarantee is skipped, not a crash
     assert all(s[v]["identical"] == 2 for v in variants)
     assert abs(sum(s["all"]["shares"][p] for p in PARTS) - 1.0) < 1e-6
     assert "| all |" in markdown(s)
