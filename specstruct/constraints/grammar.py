@@ -41,14 +41,20 @@ def _special_ids(tokenizer, vocab_size: int) -> np.ndarray:
 
 
 def _limit_error(error: str) -> ConstraintError:
-    """A parser limit hit while generating: name the limit that raises it."""
+    """llguidance stopped while generating: name the limit that raises it, or say it is a dead end."""
     error = " ".join(error.replace("<non-verbose/>", "").split())[:300]
-    lexer = "expressions" in error or "fuel" in error
-    name = "lexer_fuel" if lexer else "memory_mb"
+    if "expressions" in error or "fuel" in error:
+        what, name = "lexer fuel (regex work per token)", "lexer_fuel"
+    elif any(w in error for w in ("too many items", "lexer states", "grammar size")):
+        what, name = "parser limits", "memory_mb"
+    else:  # e.g. NoExtensionBias: the grammar let the output reach a state nothing can follow
+        return ConstraintError(f"the constraint failed while generating: {error}. The output reached a state of the "
+                               "schema or grammar that no token can extend (a dead end); simplify it (for example "
+                               "fewer interacting minProperties/required/dependencies rules).")
     return ConstraintError(
         f"the constraint failed while generating: {error}. The schema or grammar is too complex for llguidance's "
-        f"{'lexer fuel (regex work per token)' if lexer else 'parser limits'}: simplify it (simpler patterns, fewer "
-        f"optional properties or alternatives); it hit the {limits().describe(name)}.")
+        f"{what}: simplify it (simpler patterns, fewer optional properties or alternatives); it hit the "
+        f"{limits().describe(name)}.")
 
 
 class GrammarConstraint:
