@@ -48,6 +48,9 @@ class SpecConfig(BaseModel):
     draft_numerics: Literal["int8", "float32"] = "int8"
     # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.
     draft_arbitration: bool = True
+    # Stop a row's draft after a token the draft model gives less than this probability under the mask (0: never).
+    # Lossless either way (it only changes how far the draft runs before the target verifies it).
+    draft_confidence: float = Field(0.0, ge=0.0, lt=1.0)
 
     # typed API
     max_retries: int = Field(2, ge=0)

@@ -208,10 +208,12 @@ class BatchDecoder:
             forced = r.config.use_forced_text
             if r.draft_kv is not None and s.arbitrates(r.config):  # the draft arbitrates the free candidates, and drafts
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
-                                  hint=list(s.cands), limit=s.model_limit, forced=forced)  # in the room it frees
+                                  hint=list(s.cands), limit=s.model_limit, forced=forced,  # in the room it frees
+                                  confidence=r.config.draft_confidence)
             elif d.limit and k > 0:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
-                                  r.generator, alone=self._alone(r), forced=forced)
+                                  r.generator, alone=self._alone(r), forced=forced,
+                                  confidence=r.config.draft_confidence)
         for r, c in chunks:
             if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
                 feed = (r.prompt + r.token_ids)[len(r.draft_kv.tokens) : r.prefilled + len(c)]

@@ -69,6 +69,8 @@ class Job:
     hint_kept: int = 0
     limit: int = 0  # with a hint: the most tokens it may draft once it dropped part of the hint (their room)
     forced: bool = False  # append the tokens the constraint leaves no choice about without a draft pass
+    confidence: float = 0.0  # stop after a draft token the draft model gives less than this probability (0: never)
+    stopped: bool = False
     tokens: list[int] = field(default_factory=list)
     qs: list[torch.Tensor | None] = field(default_factory=list)  # when sampling: q per token (None: forced)
     runs: list[tuple[str, int]] = field(default_factory=list)  # ("model" | "forced", count) in token order
@@ -107,7 +109,8 @@ def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: lis
                 at = -1
                 if first and j.hint:
                     at = _arbitrate(j, lg)
-                if not j.feed_only and len(j.tokens) < j.k and _take(j, lg[at]) and j.tokens[-1] not in eos:
+                if (not j.feed_only and len(j.tokens) < j.k and _take(j, lg[at]) and j.tokens[-1] not in eos
+                        and not j.stopped):
                     feeds[id(j)] = [j.tokens[-1]] + _forced(j, eos)  # nothing forced once the draft is full
                     if len(j.tokens) < j.k:
                         more.append(j)
@@ -146,11 +149,20 @@ def _take(job: Job, logits: torch.Tensor) -> bool:
             q, t = None, greedy_token(logits[: mask.shape[0]], mask)
         if job.fork.advance([t]) != 1:
             return False
+        if job.confidence > 0:  # the draft doubts this token: verify what it has rather than draft on
+            p = q[t] if q is not None else _probability(logits[: mask.shape[0]], mask, t)
+            job.stopped = bool(p < job.confidence)
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
         return False
     job._append("model", [t], q)
     return True
+
+
+def _probability(logits: torch.Tensor, mask: torch.Tensor, t: int) -> float:
+    """The draft's probability of token t under the mask (temperature 1)."""
+    masked = logits.float().masked_fill(~mask, float("-inf"))
+    return float(torch.exp(masked[t] - torch.logsumexp(masked, dim=0)))
 
 
 def _forced(job: Job, eos: set[int]) -> list[int]:

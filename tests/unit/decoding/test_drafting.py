@@ -71,6 +71,31 @@ def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, ar
         assert all(s.overruled == 0 for s in per.values())
 
 
+def test_draft_stops_after_a_token_it_doubts(tok, close_draft):
+    rt = ModelRuntime(close_draft)
+    context = tok.encode(TEXT, add_special_tokens=False)[:6]
+    own = _own(tok, rt, context, 6)
+    doubtful = Job(DraftState(rt), list(context), _free(tok, rt), 6, 0.0, None, confidence=0.999999)
+    run_drafts(rt, [doubtful], {tok.eos_token_id}, [])
+    assert doubtful.tokens == own[:1] and doubtful.stopped  # a random tiny draft is never that sure
+    sure = Job(DraftState(rt), list(context), _free(tok, rt), 6, 0.0, None, confidence=1e-9)
+    run_drafts(rt, [sure], {tok.eos_token_id}, [])
+    assert sure.tokens == own and not sure.stopped
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_draft_confidence_is_lossless(tok, target, far_draft, temperature):
+    eng = Engine(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft))
+    ids = tok.encode(TEXT, add_special_tokens=False)[:8]
+    runs = [eng.decode(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=24, temperature=temperature, seed=3,
+                                                               draft_confidence=c or 0.0,
+                                                               enable_speculative=c is not None))
+            .run() for c in (None, 0.0, 0.5)]
+    if temperature == 0:
+        assert runs[1].token_ids == runs[0].token_ids == runs[2].token_ids
+    assert runs[2].stats.per_drafter["model"].proposed <= runs[1].stats.per_drafter["model"].proposed
+
+
 def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close_draft):
     from pydantic import BaseModel
 
