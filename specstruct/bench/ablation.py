@@ -31,11 +31,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cap-4": dict(max_candidates={"json": 4, "code": 4}),
     "cap-16": dict(max_candidates={"json": 16, "code": 16}),
     "draft-float32": dict(draft_numerics="float32"),
-    # the defaults are draft_confidence=0.5 and a text cap of 6: these undo them
-    "no-confidence": dict(draft_confidence=0.0),
     "confidence-0.3": dict(draft_confidence=0.3),
-    "text-cap-2": dict(max_candidates={"text": 2}, draft_confidence=0.0),
-    "text-cap-6-no-confidence": dict(max_candidates={"text": 6}, draft_confidence=0.0),
+    "confidence-0.5": dict(draft_confidence=0.5),
+    "text-cap-6": dict(max_candidates={"text": 6}),
+    "text-cap-6+confidence-0.5": dict(max_candidates={"text": 6}, draft_confidence=0.5),
 }
 PARTS = ("prefill", "target attention", "target MLP", "target LM head", "target other", "draft model",
          "masks", "forced+lookup+engine", "python/other")

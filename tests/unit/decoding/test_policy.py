@@ -15,9 +15,9 @@ def test_expected_tokens_formula():
 def test_mode_caps_and_initial_length():
     pol = AdaptivePolicy(SpecConfig(), ALL)
     json_plan, text_plan = pol.plan("json"), pol.plan("text")
-    assert json_plan.k == 8 and text_plan.k == 6
+    assert json_plan.k == 8 and text_plan.k == 2
     assert json_plan.limits["model"] == 3  # initial_candidates
-    assert text_plan.limits["model"] <= 6
+    assert text_plan.limits["model"] <= 2
     assert json_plan.drafters == ["forced", "lookup", "model"]
 
 
