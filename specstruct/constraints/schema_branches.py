@@ -14,7 +14,7 @@ exact form built from schema_logic's negation:
 A form is rewritten only when every negation it needs has an exact positive form (schema_logic.negate); otherwise it
 is left as written, and llguidance refuses it by keyword and path as before: never widened.
 
-The pass runs on the schema after objects are closed (json_llguidance.close_objects), walking the closed and the
+The pass runs on the schema after objects are closed (schema_closing.close_objects), walking the closed and the
 original schema side by side: a negated branch or `if` is the ORIGINAL one (closing inside a negation would widen
 it); a positive oneOf branch is closed (a sound narrowing), and a oneOf left as written gets its original branches
 back (llguidance negates them too); `then`/`else` are closed below their top, like `allOf` members. Each rewritten

@@ -6,7 +6,7 @@ exact positive equivalent under JSON Schema semantics: `not {type: null}` is `ty
 De Morgan moves `not` inside `anyOf`/`allOf`. Each rewrite here is exact (the same instances validate); a form
 without an exact rewrite is left in place, so llguidance refuses it by name and path as before (never widened).
 
-The pass runs after objects are closed (json_llguidance.close_objects, which leaves `not` and dependency
+The pass runs after objects are closed (schema_closing.close_objects, which leaves `not` and dependency
 subschemas as written: closing inside a negation would widen it); each rewritten piece joins its node's `allOf`.
 """
 
