@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specstruct.constraints.limits import limits, llguidance_limits
+from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
 from specstruct.errors import ConstraintError
 
 _LLTOKENIZERS: dict[tuple, object] = {}
@@ -43,18 +43,15 @@ def _special_ids(tokenizer, vocab_size: int) -> np.ndarray:
 def _limit_error(error: str) -> ConstraintError:
     """llguidance stopped while generating: name the limit that raises it, or say it is a dead end."""
     error = " ".join(error.replace("<non-verbose/>", "").split())[:300]
-    if "expressions" in error or "fuel" in error:
-        what, name = "lexer fuel (regex work per token)", "lexer_fuel"
-    elif any(w in error for w in ("too many items", "lexer states", "grammar size")):
-        what, name = "parser limits", "memory_mb"
-    else:  # e.g. NoExtensionBias: the grammar let the output reach a state nothing can follow
+    hit = llguidance_limit(error)
+    if hit is None:  # e.g. NoExtensionBias: the grammar let the output reach a state nothing can follow
         return ConstraintError(f"the constraint failed while generating: {error}. The output reached a state of the "
                                "schema or grammar that no token can extend (a dead end); simplify it (for example "
                                "fewer interacting minProperties/required/dependencies rules).")
     return ConstraintError(
-        f"the constraint failed while generating: {error}. The schema or grammar is too complex for llguidance's "
-        f"{what}: simplify it (simpler patterns, fewer optional properties or alternatives); it hit the "
-        f"{limits().describe(name)}.")
+        f"the constraint failed while generating: {error}. The schema or grammar is too complex for {hit[0]}: "
+        f"simplify it (simpler patterns, fewer optional properties or alternatives); it hit the "
+        f"{limits().describe(hit[1])}.")
 
 
 class GrammarConstraint:

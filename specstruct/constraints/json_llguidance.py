@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
-from specstruct.constraints.limits import check_schema, limits, llguidance_limits, too_complex
+from specstruct.constraints.limits import check_schema, limits, llguidance_limit, llguidance_limits, too_complex
 from specstruct.constraints.schema_branches import MAX_ONE_OF, deref, rewrite_branches
 from specstruct.constraints.schema_closing import close_objects, dict_nodes, open_all_of_refs
 from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
@@ -116,20 +116,12 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
 
 
-_LIMIT_WORDS = {  # words of llguidance's message -> (what it is, the specstruct limit that raises it)
-    "fuel": ("llguidance lexer fuel", "lexer_fuel"), "too many expressions": ("llguidance lexer fuel", "lexer_fuel"),
-    "determine if regex is empty": ("llguidance lexer fuel", "lexer_fuel"),
-    "lexer states": ("llguidance max_lexer_states", "memory_mb"), "grammar size": ("llguidance max_grammar_size", "memory_mb"),
-    "too many items": ("llguidance step_max_items", "memory_mb"), "recursion limit": ("max_schema_depth", "max_schema_depth")}
-
-
 def _error(message: str, schema: Any) -> ConstraintError:
     """llguidance's message, with the keyword and the JSON path it concerns where they can be found."""
     message = " ".join(message.strip().split())[:500]
     lower = message.lower()
-    for word, (what, name) in _LIMIT_WORDS.items():
-        if word in lower:
-            return too_complex("the JSON schema", name, f"{what}: {message}")
+    if hit := llguidance_limit(message):
+        return too_complex("the JSON schema", hit[1], f"{hit[0]}: {message}")
     m = re.search(r'Unimplemented keys: \[([^\]]*)\]', message)
     keys = re.findall(r'"([^"]+)"', m.group(1)) if m else []
     keyword = ("if" if "if" in keys else keys[0]) if keys else next((k for k in ("oneOf", "$ref", "pattern", "format", "allOf", "anyOf")

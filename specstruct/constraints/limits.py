@@ -78,6 +78,21 @@ def too_complex(what: str, name: str, detail: str = "") -> ConstraintError:
                            "Simplify it (smaller bounds, fewer alternatives) or raise the limit.")
 
 
+_LLGUIDANCE_WORDS = {  # words of an llguidance error -> (what it ran out of, the specstruct limit that raises it)
+    "fuel": ("llguidance lexer fuel", "lexer_fuel"), "too many expressions": ("llguidance lexer fuel", "lexer_fuel"),
+    "determine if regex is empty": ("llguidance lexer fuel", "lexer_fuel"),
+    "lexer states": ("llguidance max_lexer_states", "memory_mb"),
+    "grammar size": ("llguidance max_grammar_size", "memory_mb"),
+    "too many items": ("llguidance step_max_items", "memory_mb"),
+    "recursion limit": ("max_schema_depth", "max_schema_depth")}
+
+
+def llguidance_limit(message: str) -> tuple[str, str] | None:
+    """(what was exhausted, the limit that raises it) for an llguidance error about one of its limits, else None."""
+    lower = message.lower()
+    return next((hit for word, hit in _LLGUIDANCE_WORDS.items() if word in lower), None)
+
+
 def llguidance_limits():
     """llguidance's own resource limits, scaled to `memory_mb` (a lexer state costs about 1-2 kB)."""
     from llguidance import LLParserLimits
