@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+from specstruct.constraints.schema_logic import dict_nodes
 
 
 def reason(value: Any, schema: Any, text: str, backend: str = "llguidance") -> str:
     """Best-effort label for why a valid instance is outside the automaton's language (see docs)."""
-    nodes = list(_walk_schema(schema))
+    nodes = list(dict_nodes(schema))
     if re.search(r"\d[eE][+-]?\d", text) and any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
                                                    & set(node) for node in nodes):
         return "exponent in a bounded number (llguidance writes bounded numbers in plain decimal form)"
@@ -114,16 +115,6 @@ def _search(pattern: str, key: str) -> bool:
         return re.search(pattern, key) is not None
     except re.error:
         return True  # a pattern Python cannot read: do not blame the key
-
-
-def _walk_schema(node: Any):
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk_schema(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk_schema(v)
 
 
 def _keys(value: Any):

@@ -27,8 +27,8 @@ from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limit, llguidance_limits, too_complex
 from specstruct.constraints.schema_branches import MAX_ONE_OF, deref, rewrite_branches
-from specstruct.constraints.schema_closing import close_objects, dict_nodes, open_all_of_refs
-from specstruct.constraints.schema_logic import resolve_pointer, rewrite_logic
+from specstruct.constraints.schema_closing import close_objects, open_all_of_refs
+from specstruct.constraints.schema_logic import dict_nodes, resolve_pointer, rewrite_logic
 from specstruct.errors import ConstraintError
 
 OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False, "coerce_one_of": False,

@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Iterator
+from typing import Any
 
 from specstruct.constraints.schema_branches import AS_WRITTEN, DATA, MAPS
-from specstruct.constraints.schema_logic import resolve_pointer
-
-
-def dict_nodes(root: Any, skip: tuple[str, ...] = ()) -> Iterator[dict]:
-    """Every dict inside `root` (depth first), not entering the values of keys in `skip`. A node's children are
-    read after the caller is done with it, so a node rewritten in place is walked as rewritten."""
-    todo = [root]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, list):
-            todo.extend(node)
-        elif isinstance(node, dict):
-            yield node
-            todo.extend(v for k, v in node.items() if k not in skip)
+from specstruct.constraints.schema_logic import dict_nodes, resolve_pointer
 
 
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")

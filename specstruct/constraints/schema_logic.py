@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import Any, Iterator
 
 TYPES = ("null", "boolean", "object", "array", "string", "number")  # the JSON types ("integer" is in "number")
 IGNORED = {"title", "description", "$comment", "default", "examples", "deprecated", "readOnly", "writeOnly",
@@ -270,16 +270,22 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return target
 
 
-def _nodes(node: Any, data: bool = False):
-    """Every object in `node`, inside enum/const/... values too if `data`."""
-    todo = [node]
+def dict_nodes(root: Any, skip: tuple[str, ...] = ()) -> Iterator[dict]:
+    """Every dict inside `root` (depth first), not entering the values of keys in `skip`. A node's children are
+    read after the caller is done with it, so a node rewritten in place is walked as rewritten."""
+    todo = [root]
     while todo:
-        n = todo.pop()
-        if isinstance(n, dict):
-            yield n
-            todo.extend(v for k, v in n.items() if data or k not in _DATA)
-        elif isinstance(n, list):
-            todo.extend(n)
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+        elif isinstance(node, dict):
+            yield node
+            todo.extend(v for k, v in node.items() if k not in skip)
+
+
+def _nodes(node: Any, data: bool = False) -> Iterator[dict]:
+    """Every object in `node`, inside enum/const/... values too if `data`."""
+    return dict_nodes(node, () if data else _DATA)
 
 
 def _holds(node: Any, keyword: str) -> bool:
