@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from specstruct.errors import InvalidParameterError
 
@@ -62,7 +62,7 @@ class SpecConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
-    stop: list[str] = Field(default_factory=list)
+    stop: list[str] = Field(default_factory=list)  # one string is taken as a list of one (as OpenAI and HF do)
 
     # KV memory: reuse of cached prompt prefixes (engine-wide budget; 0 disables) and per-tier budgets
     prefix_cache_bytes: int = Field(1 * GiB, ge=0)
@@ -73,6 +73,11 @@ class SpecConfig(BaseModel):
     # placement
     device: str = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     def merged(self, **overrides: Any) -> "SpecConfig":
         """A copy with the given keys replaced (None values are ignored). A bad value raises

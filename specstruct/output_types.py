@@ -171,11 +171,16 @@ def _as_extensions_typeddict(t: type) -> type:
 def _schema_dict(schema: dict) -> OutputSpec:
     import jsonschema
 
+    from specstruct.constraints.limits import check_schema, too_complex
+
+    check_schema(schema)  # depth first (iteratively): jsonschema's own check recurses
     try:
         validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator_cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ConstraintError(f"invalid JSON schema: {e.message} at {'/'.join(map(str, e.path)) or 'the root'}") from e
+    except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth
+        raise too_complex("the JSON schema", "max_schema_depth", "it nests too deeply to check") from e
     validator = validator_cls(schema)
 
     def parse(text: str) -> Any:

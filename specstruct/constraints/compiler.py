@@ -121,7 +121,7 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
         check_regex(regex, "the choice constraint")
         return regex
     if spec.kind == "regex":
-        regex = spec.source or ""
+        regex = _whole_match(spec.source or "")
         if _NUL.search(regex):
             raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
                                   "of output); remove \\x00 from the pattern.")
@@ -129,6 +129,17 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
         check_regex(regex, "the regex constraint")
         return regex
     raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+
+
+def _whole_match(regex: str) -> str:
+    """A regex constraint always matches the whole output, so a leading `^` and a trailing `$` add nothing; the
+    automaton builder refuses anchors, so they are dropped (`^[0-9]+$` is `[0-9]+`). Anchors elsewhere stay (and
+    are refused with the builder's message)."""
+    if regex.startswith("^"):
+        regex = regex[1:]
+    if regex.endswith("$") and (len(regex) - 1 - len(regex[:-1].rstrip("\\"))) % 2 == 0:  # not an escaped \$
+        regex = regex[:-1]
+    return regex
 
 
 def _outlines_json_regex(source: str) -> str:

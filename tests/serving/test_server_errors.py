@@ -105,6 +105,7 @@ def test_malformed_bodies(http):
     expect(http.post("/chat/completions", json=[1, 2]), 400)
     expect(http.post("/chat/completions", json={"model": MODEL}), 400, param="messages")
     expect(post(http, {"temperature": 9}), 400, param="temperature")
+    expect(post(http, {"seed": 2**70, "temperature": 1}), 400, param="seed")  # was a 500 from the engine's own check
     expect(post(http, {"messages": [{"role": "wizard", "content": "x"}]}), 400)
     expect(post(http, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
            400, param="messages[0].content")
@@ -125,15 +126,37 @@ def test_constraints_that_cannot_be_guaranteed(http):
     err = expect(post(http, {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}),
                  400, param="response_format.json_schema.schema", code="unsupported_constraint")
     assert "not" in err["message"]
+    deep = json.loads('{"type": "array", "items": ' * 200 + "{}" + "}" * 200)  # was a RecursionError: a 500
+    err = expect(post(http, {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": deep}}}),
+                 400, param="response_format.json_schema.schema", code="unsupported_constraint")
+    assert "max_schema_depth" in err["message"]
     expect(post(http, {"structured_outputs": {"regex": "[0-9"}}), 400, param="structured_outputs.regex")
     expect(post(http, {"structured_outputs": {"grammar": "start: nope"}}), 400, param="structured_outputs.grammar")
     expect(post(http, {"structured_outputs": {"regex": "a", "choice": ["b"]}}), 400, param="structured_outputs")
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     expect(post(http, {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400,
            param="tool_choice")
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "wat"}}}}}]
+    err = expect(post(http, {"tools": bad, "tool_choice": "required"}), 400, param="tools", code="unsupported_constraint")
+    assert "'f'" in err["message"] and "Lark" not in err["message"]  # names the tool, not the internal grammar
     expect(post(http, {"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}), 400,
         param="messages[0].tool_calls[0].function.arguments")
+
+
+def test_routes_answer_like_openai(served, http):
+    client = openai.OpenAI(base_url=served[1], api_key=KEY, max_retries=0)
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    expect(http.post("/embeddings", json={"model": MODEL, "input": "x"}), 404, code="not_found")
+    for prompt in ([1, 2, 3], [[1, 2]]):  # OpenAI takes token IDs; this server says it does not
+        err = expect(http.post("/completions", json={"model": MODEL, "prompt": prompt}), 400, param="prompt")
+        assert "token IDs" in err["message"]
+    expect(http.post("/completions", json={"model": MODEL, "prompt": ["a", "b"]}), 400, param="prompt")
+    err = expect(http.get("/chat/completions"), 405)
+    assert "POST /v1/chat/completions" in err["message"]
 
 
 def test_prompt_and_body_limits(http):

@@ -127,6 +127,9 @@ def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
         compiled(tok, resolve({"type": "integer", "not": {"multipleOf": 3}}))
     with pytest.raises(ConstraintError, match="invalid JSON schema"):
         resolve({"type": 12})
+    deep = json.loads('{"type": "array", "items": ' * 200 + "{}" + "}" * 200)  # jsonschema's check would recurse
+    with pytest.raises(ConstraintError, match="max_schema_depth"):
+        resolve(deep)
 
 
 def test_choice_parse_rejects_other_text():

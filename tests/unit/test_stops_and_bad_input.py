@@ -58,6 +58,17 @@ def test_a_stop_string_after_a_complete_constrained_value_is_fine():
     assert res.value == "yes"
 
 
+def test_one_stop_string_is_a_list_of_one():  # as in OpenAI's API and transformers' generate
+    engine = scripted_engine("Hello world. Goodbye.")
+    assert engine.run("hi", stop="bye").text == engine.run("hi", stop=["bye"]).text == "Hello world. Good"
+
+
+@pytest.mark.parametrize("pattern", ["^[0-9]+$", "^[0-9]+", "[0-9]+$"])
+def test_regex_end_anchors_are_accepted_as_the_whole_match_they_already_are(pattern):
+    res = scripted_engine("2024").run("year?", ss.Regex(pattern))
+    assert res.value == "2024"
+
+
 @pytest.fixture(scope="module")
 def engine():
     return scripted_engine("ok")

@@ -18,6 +18,7 @@ from typing import Any
 import fastapi
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specstruct.errors import IncompleteOutputError
 
@@ -173,6 +174,13 @@ def create_app(engine: Any, *, served_model_name: str, api_key: str | None = Non
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:  # unknown route, wrong method
+        what = {404: "no such route", 405: "method not allowed"}.get(err.status_code, str(err.detail))
+        return APIError(err.status_code, f"{what}: this server answers POST /v1/chat/completions, "
+                        "POST /v1/completions, GET /v1/models, GET /health and GET /metrics",
+                        code="not_found" if err.status_code == 404 else None, headers=err.headers).response()
+
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()
@@ -185,11 +193,20 @@ def create_app(engine: Any, *, served_model_name: str, api_key: str | None = Non
     async def completions(request: Request) -> Response:
         return await server.handle(request, chat=False)
 
+    card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "specstruct"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request, api_key)
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
-                                            "owned_by": "specstruct"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")  # client.models.retrieve(...)
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        if model_id != served_model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server serves {served_model_name!r}",
+                           param="model", code="model_not_found")
+        return card
 
     @app.get("/health")
     async def health() -> dict[str, str]:

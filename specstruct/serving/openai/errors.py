@@ -44,6 +44,8 @@ def from_exception(exc: BaseException, *, constraint_param: str | None = None, r
         return overloaded(getattr(exc, "retry_after_s", None) or retry_after_s, str(exc) or None)
     if isinstance(exc, ss_errors.ConstraintError):
         return bad_request(str(exc), constraint_param, "unsupported_constraint")
+    if isinstance(exc, ss_errors.InvalidParameterError):
+        return bad_request(str(exc), None, "invalid_value")
     if isinstance(exc, ss_errors.PromptTooLongError):
         return bad_request(str(exc), "messages", "context_length_exceeded")
     if isinstance(exc, ss_errors.ValidationRetryError):

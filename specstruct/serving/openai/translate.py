@@ -9,6 +9,7 @@ from typing import Any
 
 import specstruct as ss
 from specstruct import tools as tool_core
+from specstruct.errors import ConstraintError
 
 from .errors import bad_request
 from .limits import ServerLimits
@@ -143,6 +144,8 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
         try:  # tool_choice "none": free text that cannot open a call
             grammar = tool_core.tool_grammar(tools, req.tool_choice, tokenizer,
                                              parallel=req.parallel_tool_calls is not False)
+        except ConstraintError as e:  # a tool's parameters schema
+            raise bad_request(str(e), "tools", "unsupported_constraint")
         except ValueError as e:
             raise bad_request(str(e), "tool_choice")
         mode = "text" if req.tool_choice == "none" else "tools"
@@ -158,6 +161,9 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
     refuse_unsupported(req)
     prompt = req.prompt
     if isinstance(prompt, list):
+        if not all(isinstance(p, str) for p in prompt):
+            raise bad_request("prompts as token IDs are not supported by this server; send the prompt as text",
+                              "prompt")
         if len(prompt) != 1:
             raise bad_request("send one prompt per request (a list of several prompts is not supported)", "prompt")
         prompt = prompt[0]
