@@ -26,46 +26,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from specstruct.tool_schema import call_schema, tool_name
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"
 
-# Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that
-# exactly keeps the model on familiar ground and makes the punctuation forced text (free to draft).
-_JSON_FORMAT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-
 _CALL_RE = re.compile(re.escape(OPEN) + r"\s*(\{.*?\})\s*" + re.escape(CLOSE), re.DOTALL)
 _FENCED_RE = re.compile(r"\A\s*```json\s*(\{.*\})\s*```\s*\Z", re.DOTALL)
-
-
-def tool_name(tool: dict[str, Any]) -> str:
-    """The function name of an OpenAI tool dict (`{"type": "function", "function": {...}}`)."""
-    return tool["function"]["name"]
-
-
-def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """The tool's parameter schema, closed at the top level so the model cannot invent arguments."""
-    params = dict(tool["function"].get("parameters") or {})
-    params.setdefault("type", "object")
-    params.setdefault("properties", {})
-    params.setdefault("additionalProperties", False)
-    return params
-
-
-def call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One JSON schema for a call of any of `tools`: `{"name": <const>, "arguments": <its parameters>}`.
-
-    llguidance wants alternatives as one `anyOf` inside a single `%json` rather than as Lark alternatives.
-    """
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool_name(t)}, "arguments": _arguments_schema(t)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    return {"x-guidance": _JSON_FORMAT, "anyOf": variants}
 
 
 def _rust_escape(ch: str) -> str:

@@ -89,9 +89,16 @@ def _grammar(source: str | dict | bool, lltok=None) -> tuple[Any, str, str]:
 def check_support(source: str) -> None:
     """Refuse a schema llguidance cannot guarantee (ConstraintError naming keyword and path) without a tokenizer:
     cheap enough to run before a model loads (the CLI does)."""
+    guaranteed_schema(source)
+
+
+def guaranteed_schema(source: str) -> Any:
+    """The schema as it is compiled (prepared for llguidance, as `compile_json` would), for embedding in a grammar
+    with `%json` (tool arguments); ConstraintError naming keyword and path when it cannot be guaranteed."""
     schema, _, error = _grammar(source)
     if error and "Unknown format" not in error:
         raise _error(error, schema)
+    return schema
 
 
 def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):

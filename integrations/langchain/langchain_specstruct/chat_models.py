@@ -21,6 +21,7 @@ from langchain_specstruct._messages import to_chat_messages
 from langchain_specstruct._structured import structured_runnable
 from langchain_specstruct._tools import (
     ToolCallStreamer,
+    call_schema,
     parse_tool_calls,
     select_tools,
     special_markers,
@@ -99,6 +100,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         `parallel_tool_calls=False` allows one call only. `strict` is accepted; decoding is always strict."""
         formatted = [convert_to_openai_tool(t) for t in tools]
         select_tools(formatted, tool_choice)  # fail now, not at the first call, on an unknown tool name
+        call_schema(formatted)  # ... or on parameters no grammar can guarantee (ConstraintError naming tool and keyword)
         return self.bind(tools=formatted, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                          **kwargs)
 

@@ -122,6 +122,14 @@ def test_structured_output_never_mutates_the_model(model):
     assert isinstance(model.invoke("hi").content, str)
 
 
+def test_bind_tools_refuses_parameters_it_cannot_guarantee_at_once(model):
+    from specstruct.errors import ConstraintError
+
+    bad = {"type": "function", "function": {"name": "search", "parameters": {"type": "string"}}}
+    with pytest.raises(ConstraintError, match="'search'"):
+        model.bind_tools([*TOOLS, bad])
+
+
 @pytest.mark.parametrize("choice", ["any", "required", "Light", "set_mood"])
 def test_forced_tool_choices_always_call_valid_tools(model, choice):
     msg = model.bind_tools(TOOLS, tool_choice=choice).invoke(PROMPT)

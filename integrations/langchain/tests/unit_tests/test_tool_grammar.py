@@ -186,3 +186,42 @@ def test_added_marker_tokens_are_named_as_tokens_in_the_grammar():
         matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(g))
         assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is ok, text
     assert tok.encode("<tool_call>", add_special_tokens=False) == [tok.convert_tokens_to_ids("<tool_call>")]
+
+
+class Address(BaseModel):
+    city: str
+    previous: "Address | None" = None
+
+
+class Move(BaseModel):
+    """Move a person to a new address."""
+
+    person: str
+    to: Address
+
+
+def test_parameters_with_defs_and_refs_compile_and_constrain(lltok):
+    """Pydantic puts nested models under `$defs` and points at them with `$ref` (openai.pydantic_function_tool and
+    MCP tool schemas keep them): nested inside the call schema those pointers named the wrong root and the grammar
+    did not compile."""
+    move = {"type": "function", "function": {"name": "Move", "parameters": Move.model_json_schema()}}
+    assert "$defs" in move["function"]["parameters"]
+    g = tool_grammar([move, *TOOLS], "required")
+    assert accepts(lltok, g, call("Move", {"person": "Ada", "to": {"city": "Oslo", "previous": {"city": "Rome"}}}))
+    assert accepts(lltok, g, call("add", {"a": 1, "b": 2}))
+    assert not accepts(lltok, g, call("Move", {"person": "Ada", "to": {"town": "Oslo"}}))
+    assert not accepts(lltok, g, call("Move", {"person": "Ada", "to": {"city": 3}}))
+
+
+def test_parameters_no_grammar_can_guarantee_fail_at_bind_time_naming_the_tool():
+    from specstruct.errors import ConstraintError
+
+    def tool(parameters):
+        return {"type": "function", "function": {"name": "lookup", "parameters": parameters}}
+
+    with pytest.raises(ConstraintError, match="'lookup'.*type \"object\""):
+        tool_grammar([tool({"type": "string"})], "required")
+    with pytest.raises(ConstraintError, match="'lookup'.*wat"):
+        tool_grammar([tool({"type": "object", "properties": {"q": {"type": "wat"}}})], "auto")
+    # what response_format accepts, tools accept: `not` is rewritten into an exact positive equivalent
+    tool_grammar([tool({"type": "object", "properties": {"q": {"type": "integer", "not": {"enum": [0]}}}})], "auto")
