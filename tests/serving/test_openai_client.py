@@ -110,6 +110,28 @@ def test_tool_choice_none_and_auto(client):
         assert r.choices[0].finish_reason in ("stop", "length")
 
 
+class Room(BaseModel):
+    name: Literal["kitchen", "hall"]
+    floor: Literal[0, 1]
+
+
+class Dim(BaseModel):
+    """Dim the lights of a room."""
+
+    room: Room
+    level: Literal[1, 2, 3]
+
+
+def test_pydantic_function_tool_with_defs_gives_parsed_calls(client):
+    """openai.pydantic_function_tool keeps Pydantic's `$defs`/`$ref` (strict: every key required, objects closed):
+    the arguments are guaranteed to parse back into the model."""
+    tool = openai.pydantic_function_tool(Dim)
+    assert "$defs" in tool["function"]["parameters"]
+    r = client.chat.completions.parse(model=MODEL, messages=HI, max_tokens=150, tools=[tool], tool_choice="required")
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(isinstance(c.function.parsed_arguments, Dim) for c in calls)
+
+
 def test_single_call_when_parallel_calls_are_off(client):
     r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=120, tools=TOOLS,
                                        tool_choice="required", parallel_tool_calls=False)
