@@ -25,8 +25,10 @@ import numpy as np
 from specstruct.constraints.cache import cache_dir, write_atomic
 
 TERMINATOR, TERMINATOR_ID = b"\x00", 2**31 - 1  # an id no real vocabulary reaches
-_FORMAT = "2"
+_FORMAT = "3"  # 3: GGUF padding pieces are special
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+# GGUF vocabularies (llama.cpp's converter) fill the LM head's padding rows with "[PAD<id>]" pieces: not text
+_GGUF_PAD = re.compile(r"^\[PAD(\d+)\]$")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -125,11 +127,12 @@ def _is_byte_level(tokenizer) -> bool:
 
 def build_table(tokenizer, key: str = "") -> TokenTable:
     n_real = len(tokenizer)
-    special = _special_ids(tokenizer)
     added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
     byte_level = _is_byte_level(tokenizer)
     by_id = {i: piece for piece, i in tokenizer.get_vocab().items()}
     pieces = [by_id.get(i) for i in range(n_real)]
+    padding = {i for i, p in enumerate(pieces) if p and (m := _GGUF_PAD.match(p)) and int(m.group(1)) == i}
+    special = _special_ids(tokenizer) | padding  # never legal in any constraint, free text included
     token_bytes: list[bytes | None] = []
     for i, piece in enumerate(pieces):
         if i in special or piece is None:

@@ -168,6 +168,26 @@ def test_free_text_allows_every_real_token_and_eos(tok):
     assert c.is_final() and c.forced_text() == "" and c.accepts("def f():\n    return 1\n")
 
 
+@pytest.mark.parametrize("kind, source", [("code", None), ("text", None), ("json", PERSON), ("regex", "[a-z]+")])
+def test_gguf_vocabulary_padding_pieces_are_never_legal(kind, source):
+    """A tokenizer converted from GGUF (what `specstruct pull` builds) fills the LM head's padding rows with
+    "[PAD<id>]" pieces; sampled in free text they printed as "[PAD151814]" (seen at temperature 5)."""
+    import copy
+
+    from specstruct.testing import tiny_tokenizer
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    first = len(tok)
+    tok.add_tokens([f"[PAD{i}]" for i in range(first, first + 4)])
+    assert tok.convert_tokens_to_ids("[PAD%d]" % (first + 2)) == first + 2
+    c = make(tok, kind, source, vocab=first + 8)
+    if kind == "json":  # inside a string value, where any text may follow
+        prefix = ids(tok, '{"name": "')
+        assert c.advance(prefix) == len(prefix)
+    assert not c.mask()[first : first + 4].any()
+    assert c.mask()[tok.encode("a", add_special_tokens=False)[0]]
+
+
 def test_json_regex_is_json_dumps_spacing():
     rx = json_regex({"type": "array", "items": {"type": "integer"}, "maxItems": 3})
     import re
