@@ -1,11 +1,12 @@
 """Cost of one target pass over k new tokens, stock transformers numerics vs specstruct's row-invariant runtime.
 
-    python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5]
+    python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5] [--profile 1]
 
 Prints, per model and numerics, the median milliseconds of a pass of k = 1, 2, 4, 8, 9 tokens on a 200-token cache
 and v(k) = T(k) / T(1): the verification cost that decides whether speculation can pay. Draft models (every model
 after the first) are also timed in the dynamic int8 numerics specstruct gives drafts by default, and the
-draft/target cost ratio c is printed for both.
+draft/target cost ratio c is printed for both. `--profile K` adds, per model and numerics, the ops that take the
+most time in a pass of K tokens, by input shape (which Linear is which): where the one-token step goes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from ..decoding.runtime import ModelRuntime, quantize_draft, restore_stock
 KS = (1, 2, 4, 8, 9)
 
 
-def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS) -> dict[int, float]:
-    """Median seconds of extend(k) after a `cache_len`-token prefill, for each k."""
+def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
+            profile: list | None = None) -> dict[int, float]:
+    """Median seconds of extend(k) after a `cache_len`-token prefill, for each k. With `profile` (a list), the
+    ops of `repeats` passes of the last k are appended to it as (op, input shapes, ms per pass)."""
     if numerics == "stock":
         restore_stock(model)
     elif numerics == "int8":
@@ -44,7 +47,31 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS)
             if r:
                 times.append(dt)
         out[k] = statistics.median(times)
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(repeats):
+                rt.extend(torch.randint(0, min(vocab, 50_000), (ks[-1],), generator=gen).tolist())
+                rt.crop(cache_len)
+        for ev in prof.key_averages(group_by_input_shape=True):
+            if ev.self_cpu_time_total > 0:
+                profile.append((ev.key, ev.input_shapes, ev.self_cpu_time_total / 1000 / repeats))
     return out
+
+
+def print_profile(console, title: str, rows: list, top: int = 8) -> None:
+    """The ops that take the most self time in one pass, with their input shapes (which Linear is which)."""
+    from rich.table import Table
+
+    total = sum(ms for _, _, ms in rows)
+    table = Table(title=f"{title}: self CPU time per pass, {total:.0f} ms in all")
+    for col in ("op", "input shapes", "ms per pass", "share"):
+        table.add_column(col, justify="right" if col in ("ms per pass", "share") else "left")
+    for op, shapes, ms in sorted(rows, key=lambda r: -r[2])[:top]:
+        table.add_row(op, str([s for s in shapes if s])[:60], f"{ms:.1f}", f"{ms / total:.0%}")
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,7 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="also profile passes of K tokens (K must be one of 1, 2, 4, 8, 9): the ops taking the most "
+                         "time, by input shape, for each model and numerics")
     args = ap.parse_args(argv)
+    if args.profile and args.profile not in KS:
+        ap.error(f"--profile takes one of {KS}")
+    ks = tuple(k for k in KS if k != args.profile) + ((args.profile,) if args.profile else ())
     if args.threads:
         torch.set_num_threads(args.threads)
     table = Table(title=f"one pass of k new tokens on a 200-token cache (median of {args.repeats}, ms), "
@@ -69,14 +102,19 @@ def main(argv: list[str] | None = None) -> None:
     table.add_column("v(8)=T(8)/T(1)", justify="right")
     one_token: dict[tuple[str, str], float] = {}
     names = args.models.split(",")
+    console, profiles = Console(), []
     for i, name in enumerate(names):
         model, _ = load(name)
         for numerics in ("stock", "row-invariant") + (("int8",) if i else ()):  # int8: draft models only
-            t = measure(model, numerics, repeats=args.repeats)
+            rows: list | None = [] if args.profile else None
+            t = measure(model, numerics, repeats=args.repeats, ks=ks, profile=rows)
             one_token[(name, numerics)] = t[1]
             table.add_row(name, numerics, *[f"{t[k] * 1000:.0f}" for k in KS], f"{t[8] / t[1]:.2f}")
+            if rows:
+                profiles.append((f"{name}, {numerics}, k={args.profile}", rows))
         del model
-    console = Console()
+    for title, rows in profiles:
+        print_profile(console, title, rows)
     console.print(table)
     if len(names) >= 2:
         t1 = one_token[(names[0], "row-invariant")]

@@ -1,0 +1,16 @@
+"""The forward-cost benchmark's measurement and profile on the tiny model (the figures come from the real pair)."""
+
+from __future__ import annotations
+
+from specstruct.bench.forward_cost import measure
+from specstruct.testing import tiny_model, tiny_tokenizer
+
+
+def test_measure_times_each_k_and_profiles_the_last():
+    model = tiny_model(tiny_tokenizer(), seed=0)
+    rows: list = []
+    times = measure(model, "row-invariant", cache_len=8, repeats=1, ks=(1, 2, 4), profile=rows)
+    assert set(times) == {1, 2, 4} and all(t > 0 for t in times.values())
+    linear = [r for r in rows if r[0] == "mkldnn::_linear_pointwise"]
+    assert linear and all(ms >= 0 for _, _, ms in rows)
+    assert any(shapes and shapes[0] and shapes[0][0] == 4 for _, shapes, _ in linear)  # the k=4 pass's rows
