@@ -25,6 +25,10 @@ class KVMemory(BaseModel):
     directory: str | None = None  # where spill files go (default $SPECSTRUCT_CACHE/kv, ~/.cache/specstruct/kv)
 
 
+DEFAULT_CAPS = {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "text": 2}
+MAX_CAP = 64  # a row's pass then stays well inside the measured row-invariance range (300 rows)
+
+
 class SpecConfig(BaseModel):
     """Settings for one engine or one call. Unknown keys are an error, so a typo never goes unnoticed.
 
@@ -38,9 +42,8 @@ class SpecConfig(BaseModel):
     draft_model_path: str | None = None
     initial_candidates: int = Field(3, ge=0, le=16)
     adaptive_threshold: float = Field(0.7, gt=0.0, lt=1.0)
-    max_candidates: dict[str, int] = Field(
-        default_factory=lambda: {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "text": 2}
-    )
+    # per output mode; the modes given replace their defaults, the others keep them ({"json": 16} leaves text at 2)
+    max_candidates: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_CAPS))
     use_forced_text: bool = True
     use_prompt_lookup: bool = True
     use_draft_model: bool = True
@@ -74,6 +77,19 @@ class SpecConfig(BaseModel):
     device: str = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
 
+    @field_validator("max_candidates", mode="before")
+    @classmethod
+    def _caps(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # pydantic names the type error
+        unknown = sorted(set(value) - set(DEFAULT_CAPS))
+        if unknown:
+            raise ValueError(f"unknown output modes {unknown}; the modes are {sorted(DEFAULT_CAPS)}")
+        bad = {k: v for k, v in value.items() if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_CAP}
+        if bad:
+            raise ValueError(f"candidates per step must be whole numbers from 0 to {MAX_CAP}, got {bad}")
+        return {**DEFAULT_CAPS, **value}
+
     @field_validator("stop", mode="before")
     @classmethod
     def _one_stop(cls, value: Any) -> Any:
@@ -93,7 +109,7 @@ class SpecConfig(BaseModel):
 
     def cap(self, mode: str) -> int:
         """Largest number of draft candidates per step for an output mode."""
-        return self.max_candidates.get(mode, self.max_candidates.get("json", 8))
+        return self.max_candidates.get(mode, DEFAULT_CAPS["json"])
 
 
 class BatchConfig(BaseModel):

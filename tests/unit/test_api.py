@@ -89,6 +89,17 @@ def test_unknown_config_key_is_an_error():
         ss.SpecConfig(enable_speculativ=False)
 
 
+def test_candidate_caps_merge_into_the_defaults_and_are_checked():
+    caps = ss.SpecConfig(max_candidates={"json": 16}).max_candidates
+    assert caps["json"] == 16 and caps["text"] == 2 and caps["code"] == 8  # text used to fall back to json's 16
+    assert ss.SpecConfig().merged(max_candidates={"text": 6}).cap("json") == 8
+    with pytest.raises(ValueError, match="unknown output modes.*yaml"):
+        ss.SpecConfig(max_candidates={"yaml": 3})
+    for bad in (-1, 65, 2.5):
+        with pytest.raises(ss.InvalidParameterError, match="0 to 64"):
+            ss.SpecConfig().merged(max_candidates={"json": bad})
+
+
 def test_draft_with_another_vocabulary_is_refused(tok, target):
     other = tiny_tokenizer(vocab_size=300)
     with pytest.raises(ss.IncompatibleDraftError, match="tokens"):
