@@ -54,8 +54,8 @@ def _progress_display() -> tuple[Any, Any]:
 def main(
     scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | pipeline | batch (concurrent "
                                  "extraction requests through the scheduler; not part of all)"),
-    concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="--scenario batch: requests arriving at once, "
-                                    "comma-separated levels"),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="--scenario batch: requests arriving at "
+                                              "once, comma-separated levels (default 1,2,4,8)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1,
                                         help="prompts per scenario (default: JSON 20 = 10 extraction + 10 "
                                              "JSONSchemaBench; code, prose 5; 3 with --quick)"),
@@ -97,8 +97,13 @@ def main(
 
         publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
+    if concurrency is not None and scenario != "batch":
+        raise typer.BadParameter(f"it sets the concurrent requests of --scenario batch, not of {scenario!r}",
+                                 param_hint="--concurrency")
     if scenario == "batch":
         from .batch_scenario import parse_concurrency, run_batch_cli
+
+        concurrency = concurrency or "1,2,4,8"
 
         try:
             size = {"batch_config": {"max_batch_size": max(parse_concurrency(concurrency))}}
@@ -122,7 +127,8 @@ def main(
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):
-        raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose or all", param_hint="--scenario")
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose, all (those three), pipeline "
+                                 "or batch", param_hint="--scenario")
     chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(ALL_BASELINES))).split(",") if b.strip()]
     limit = limit or (QUICK_LIMIT if quick else None)
     with console.status("loading models"):

@@ -230,6 +230,17 @@ def test_bench_is_mounted_lazily(monkeypatch):
     assert result.exit_code == cli.EXIT_OTHER and "benchmark is not available" in result.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--scenario", "nope"], "pipeline or batch"),  # the message named only json, code, prose and all
+    (["--concurrency", "2"], "--scenario batch"),  # it used to start the whole default benchmark, concurrency ignored
+    (["--scenario", "batch", "--concurrency", "0"], "e.g. 1,2,4,8"),
+])
+def test_bench_options_that_cannot_apply_are_refused_before_any_model_loads(args, words):
+    result = invoke("bench", *args)
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())  # the error panel wraps at any width
+    assert result.exit_code == 2 and words in text, result.output
+
+
 @pytest.mark.real
 @pytest.mark.skipif(not models.models_available(), reason=f"real models not pulled; run: {models.pull_command()}")
 def test_real_extract_with_the_default_pair(monkeypatch, schema_file, tmp_path):
