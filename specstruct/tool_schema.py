@@ -32,7 +32,7 @@ def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
                               f"\"object\" (a call's arguments are one JSON object), got {json.dumps(params)[:200]}")
     params = {"properties": {}, "additionalProperties": False, **params, "type": "object"}
     try:
-        return json.loads(_prepared(json.dumps(params, sort_keys=True)))
+        return json.loads(_prepared(json.dumps(params)))  # key order kept: it is the properties' order
     except ConstraintError as e:
         raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {e}") from e
 

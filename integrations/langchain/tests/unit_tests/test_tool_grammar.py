@@ -225,3 +225,13 @@ def test_parameters_no_grammar_can_guarantee_fail_at_bind_time_naming_the_tool()
         tool_grammar([tool({"type": "object", "properties": {"q": {"type": "wat"}}})], "auto")
     # what response_format accepts, tools accept: `not` is rewritten into an exact positive equivalent
     tool_grammar([tool({"type": "object", "properties": {"q": {"type": "integer", "not": {"enum": [0]}}}})], "auto")
+
+
+def test_arguments_keep_the_declared_property_order(lltok):
+    """Arguments are written in the order the schema declares them (as Qwen's template does); the preparation must
+    not reorder the properties (a sorted cache key once did, and BFCL's valid calls were rejected)."""
+    tool = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+        "required": ["zeta", "alpha"]}}}
+    g = tool_grammar([tool], "required")
+    assert accepts(lltok, g, "<tool_call>\n" + '{"name": "book", "arguments": {"zeta": 1, "alpha": 2}}' + "\n</tool_call>")
