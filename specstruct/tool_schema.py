@@ -9,6 +9,7 @@ import functools
 import json
 from typing import Any, Sequence
 
+from specstruct.constraints.schema_logic import NAME_MAPS, dict_nodes
 from specstruct.errors import ConstraintError
 
 # Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that
@@ -21,6 +22,13 @@ def tool_name(tool: dict[str, Any]) -> str:
     return tool["function"]["name"]
 
 
+# a document's own URI and dialect: nested in the call schema, an `id` would become the base its `#/...` refs resolve in
+_IDENTITY = ("$id", "id", "$schema")
+# what a schema may hold and still say nothing about its keys: parameters with nothing else take no arguments
+_ANNOTATIONS = {"type", "title", "description", "$schema", "$id", "id", "$comment", "examples", "default",
+                "deprecated", "readOnly", "writeOnly"}
+
+
 def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The tool's parameter schema as the grammar embeds it: an object, closed so the model cannot invent arguments,
     prepared exactly as a `response_format` schema is (same coverage, same ConstraintError naming keyword and path,
@@ -30,11 +38,15 @@ def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters must be a JSON schema of type "
                               f"\"object\" (a call's arguments are one JSON object), got {json.dumps(params)[:200]}")
-    params = {"properties": {}, "additionalProperties": False, **params, "type": "object"}
+    if set(params) <= _ANNOTATIONS:  # a tool that declares no arguments takes none: `{}`
+        params = {**params, "properties": {}, "additionalProperties": False}
+    params = {k: v for k, v in params.items() if k not in _IDENTITY or not isinstance(v, str)} | {"type": "object"}
     try:
         return json.loads(_prepared(json.dumps(params)))  # key order kept: it is the properties' order
     except ConstraintError as e:
-        raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {e}") from e
+        hint = (" (it was read as an object schema, \"type\": \"object\": a call's arguments are one JSON object)"
+                if "type" not in tool["function"]["parameters"] and "admits no value" in str(e) else "")
+        raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {e}{hint}") from e
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,19 +60,24 @@ _DATA = ("const", "enum", "default", "examples")  # values, not schemas: never r
 
 
 def _has_ref(node: Any) -> bool:
-    if isinstance(node, dict):
-        return isinstance(node.get("$ref"), str) or any(_has_ref(v) for k, v in node.items() if k not in _DATA)
-    return isinstance(node, list) and any(_has_ref(v) for v in node)
+    return any(isinstance(n.get("$ref"), str) for n in dict_nodes(node, skip=_DATA))
 
 
 def _moved(node: Any, to: str) -> Any:
-    """`node` with each local `$ref` ("#", "#/$defs/X", ...) re-pointed to the same place under `#/$defs/<to>`."""
+    """`node` with each local pointer `$ref` ("#", "#/$defs/X", ...) re-pointed to the same place under `#/$defs/<to>`."""
     if not isinstance(node, (dict, list)):
         return node
     if isinstance(node, list):
         return [_moved(v, to) for v in node]
-    return {k: (f"#/$defs/{to}{v[1:]}" if k == "$ref" and isinstance(v, str) and v.startswith("#")
-                else v if k in _DATA else _moved(v, to)) for k, v in node.items()}
+    out = {}
+    for k, v in node.items():
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):  # a pointer; "#name" anchors stay
+            out[k] = f"#/$defs/{to}{v[1:]}"
+        elif k in NAME_MAPS and isinstance(v, dict):  # names, not keywords: a property may be called "default"
+            out[k] = {name: _moved(s, to) for name, s in v.items()}
+        else:
+            out[k] = v if k in _DATA else _moved(v, to)
+    return out
 
 
 def call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:

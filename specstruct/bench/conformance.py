@@ -1,12 +1,13 @@
 """JSON-schema conformance on JSONSchemaBench: does every schema compile or refuse cleanly, and does the
 automaton accept the valid instances (and reject the invalid ones)?
 
-    python -m specstruct.bench.conformance [--limit N] [--tokenizer tiny|qwen] [--backend llguidance,outlines]
+    python -m specstruct.bench.conformance [--limit N] [--tokenizer tiny|qwen] [--backend llguidance,outlines,tools]
                                            [--compile-limit 20] [--out report.json]
 
 For each schema: compile it with the tokenizer (tiny: the 400-token byte-level test BPE; qwen: Qwen2.5's
 151,936-row vocabulary) through a JSON backend (llguidance: the default; outlines: outlines_core regexes;
-xgrammar: for comparison, if installed). A schema must either compile or raise ConstraintError (which the
+xgrammar: for comparison, if installed; tools: the schema as a tool's parameters, walked inside the tool-call
+grammar of the server and langchain-specstruct). A schema must either compile or raise ConstraintError (which the
 compile limits raise for a too complex schema); anything else is a crash, and a worker that outlives
 `--compile-limit` plus a grace period is killed and counted as `killed` (a limit that failed to hold).
 For compiled schemas each `valid: true` instance, serialised as the engine writes JSON (`json.dumps`,
@@ -140,7 +141,7 @@ def _worker(conn, tokenizer: str, backend: str, compile_limit: float) -> None:
 
     set_limits(time_s=compile_limit)
     tok = load_tokenizer(tokenizer)
-    compile_schema(backend, {"type": "integer"}, *tok)  # warm: token tables, compile worker
+    compile_schema(backend, {"type": "object", "properties": {"a": {"type": "integer"}}}, *tok)  # warm: token tables
     conn.send("ready")
     while True:
         path = conn.recv()
@@ -239,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", choices=["tiny", "qwen"], default="tiny",
                     help="tiny: the 400-token test BPE; qwen: Qwen2.5-Coder's tokenizer (must be pulled)")
     ap.add_argument("--backend", default="llguidance",
-                    help="comma-separated JSON backends to compare side by side: llguidance,outlines,xgrammar")
+                    help="comma-separated JSON backends to compare side by side: llguidance,outlines,xgrammar; "
+                         "tools: each schema as a tool's parameters in the tool-call grammar")
     ap.add_argument("--compile-limit", type=float, default=20.0,
                     help="specstruct's compile time limit (CompileLimits.time_s) in seconds")
     ap.add_argument("--out", type=Path, default=None, help="write the summaries and every record as JSON here")

@@ -1,5 +1,6 @@
 """The parts the conformance harness swaps: tokenizer (tiny or Qwen), JSON backend (llguidance, outlines,
-xgrammar), and the per-schema measurements (compile time, peak memory, mask time per token).
+xgrammar, or `tools`: the schema as a tool's parameters, inside the tool-call grammar that the server and
+langchain-specstruct use), and the per-schema measurements (compile time, peak memory, mask time per token).
 
 Peak memory is the growth of the peak resident set (VmHWM, reset through /proc/PID/clear_refs before each
 compile) of the harness worker and of specstruct's compile worker process, whichever grew most.
@@ -12,7 +13,7 @@ import os
 import time
 from typing import Any, Sequence
 
-BACKENDS = ("llguidance", "outlines", "xgrammar")
+BACKENDS = ("llguidance", "outlines", "xgrammar", "tools")
 TOKENIZERS = {"tiny": None, "qwen": "qwen2.5-coder-1.5b"}
 
 
@@ -60,6 +61,34 @@ class XGrammarConstraint:
         return self._m.accept_token(self._eos[0]) if not self._m.is_terminated() else True
 
 
+class ToolCallConstraint:
+    """A tool-call grammar (specstruct.tools, tool_choice "required") seen as a constraint on the arguments alone:
+    a fork starts after `<tool_call>\\n{"name": "f", "arguments": `, and it is final where the rest of the call
+    (`}`, the closing marker) can follow. The markers are Qwen's added tokens where the tokenizer has them."""
+
+    PREFIX, SUFFIX = '<tool_call>\n{"name": "f", "arguments": ', "}\n</tool_call>"
+
+    def __init__(self, inner, tokenizer, started: bool = False):
+        self._inner, self._tok, self.vocab_size = inner, tokenizer, inner.vocab_size
+        if not started:
+            ids = tokenizer.encode(self.PREFIX, add_special_tokens=False)
+            if inner.advance(ids) != len(ids):
+                raise RuntimeError("the tool-call grammar refused its own call prefix")
+
+    def fork(self) -> "ToolCallConstraint":
+        return ToolCallConstraint(self._inner.fork(), self._tok, started=True)
+
+    def mask(self):
+        return self._inner.mask()
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        return self._inner.advance(tokens)
+
+    def is_final(self) -> bool:
+        probe, ids = self._inner.fork(), self._tok.encode(self.SUFFIX, add_special_tokens=False)
+        return probe.advance(ids) == len(ids) and probe.is_final()
+
+
 _XGR: dict[int, Any] = {}
 
 
@@ -82,6 +111,14 @@ def compile_schema(backend: str, schema: Any, tokenizer, vocab_size: int, eos: S
     from specstruct.constraints.base import ConstraintSpec
     from specstruct.constraints.compiler import compile_constraint
 
+    if backend == "tools":
+        from specstruct.tools import tool_grammar
+
+        grammar = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": schema}}], "required",
+                               tokenizer, parallel=False)
+        inner = compile_constraint(ConstraintSpec("grammar", grammar, "grammar"), tokenizer, vocab_size=vocab_size,
+                                   eos_token_ids=eos)
+        return ToolCallConstraint(inner, tokenizer)
     return compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tokenizer, vocab_size=vocab_size,
                               eos_token_ids=eos, json_backend=backend)
 

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 TYPES = ("null", "boolean", "object", "array", "string", "number")  # the JSON types ("integer" is in "number")
 IGNORED = {"title", "description", "$comment", "default", "examples", "deprecated", "readOnly", "writeOnly",
            "$schema", "$id", "id", "$defs", "definitions"}  # annotations, and containers only a $ref reads
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies",
-         "dependentRequired")
+NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies",
+             "dependentRequired")  # name -> schema (or list) maps: their keys are names, never keywords
 _DATA = ("const", "enum", "default", "examples", "required")
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 _ANY = r"[\s\S]"  # one character, newlines included
@@ -50,7 +50,7 @@ def _walk(node: Any, root: Any) -> None:
     if not isinstance(node, dict):
         return
     for k, v in node.items():
-        if k in _MAPS and isinstance(v, dict):
+        if k in NAME_MAPS and isinstance(v, dict):
             for s in v.values():
                 _walk(s, root)
         elif k not in _DATA and k != "not":
@@ -271,8 +271,9 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 
 
 def dict_nodes(root: Any, skip: tuple[str, ...] = ()) -> Iterator[dict]:
-    """Every dict inside `root` (depth first), not entering the values of keys in `skip`. A node's children are
-    read after the caller is done with it, so a node rewritten in place is walked as rewritten."""
+    """Every schema dict inside `root` (depth first), not entering the values of keywords in `skip`; the schemas of a
+    NAME_MAPS map are walked whatever their names (a property may be called "default"). Children are read after the
+    caller is done with a node, so a node rewritten in place is walked as rewritten."""
     todo = [root]
     while todo:
         node = todo.pop()
@@ -280,7 +281,8 @@ def dict_nodes(root: Any, skip: tuple[str, ...] = ()) -> Iterator[dict]:
             todo.extend(node)
         elif isinstance(node, dict):
             yield node
-            todo.extend(v for k, v in node.items() if k not in skip)
+            for k, v in ((k, v) for k, v in node.items() if k not in skip):
+                todo.extend(v.values()) if k in NAME_MAPS and isinstance(v, dict) else todo.append(v)
 
 
 def _nodes(node: Any, data: bool = False) -> Iterator[dict]:

@@ -73,3 +73,20 @@ def test_unsupported_schemas_name_the_keyword(records):
 def test_serialise_follows_schema_property_order():
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "number"}}}
     assert conformance.serialise({"a": 1.0, "b": 2.0}, schema) == '{"b": 2, "a": 1.0}'
+
+
+def test_the_tool_call_grammar_takes_what_response_format_takes(records):
+    """The same schemas as tool parameters (backend "tools": the grammar of the server's and LangChain's tool calls):
+    every object schema that compiles for response_format compiles as a tool too, its valid instances are accepted
+    alike and the rest are refused with the tool named."""
+    objects = {r["name"] for r in records if r["status"] == "compiled"}
+    files = [f for f in conformance.corpus_files(SAMPLE, SEED) if f.stem in objects][:60]
+    tools = {r["name"]: r for r in conformance.run(files, compile_limit=20.0, backend="tools", progress=False)}
+    assert not [r for r in tools.values() if r["status"] in ("crash", "killed")]
+    by_name = {r["name"]: r for r in records}
+    for name, r in tools.items():
+        if r["status"] == "compiled":
+            assert r["valid_accepted"] == by_name[name]["valid_accepted"], name
+        else:  # a scalar or array root: tool arguments are one JSON object
+            assert r["error"].startswith("tool 'f'") and "object" in r["error"], (name, r["error"])
+    assert sum(r["status"] == "compiled" for r in tools.values()) >= 0.8 * len(tools)

@@ -207,3 +207,19 @@ def test_a_negation_that_leaves_nothing_admits_no_value(tok):
     with pytest.raises(ConstraintError, match="admits no value"):
         make(tok, {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
                    "not": {"type": "object"}})
+
+
+def test_schema_walks_enter_properties_whatever_their_names():
+    """A property may be called "default", "enum" or "not": its schema is still walked (the walk used to skip it as
+    if it were the keyword), so an allOf `$ref` inside it is opened like any other."""
+    from specstruct.constraints.schema_logic import dict_nodes
+
+    inner = {"allOf": [{"$ref": "#/definitions/cmd"}, {"required": ["command"]}]}
+    schema = {"type": "object", "definitions": {"cmd": {"type": "object", "properties": {"command": {"type": "string"},
+                                                                                         "note": {"type": "string"}}}},
+              "properties": {"default": inner, "not": {"type": "integer"}}, "default": {"skipped": {"x": 1}}}
+    seen = list(dict_nodes(schema, skip=("default", "not", "enum")))
+    assert any(n is inner for n in seen) and any(n.get("type") == "integer" for n in seen)
+    assert not any("skipped" in n for n in seen)  # the keyword `default` (a value) is still not entered
+    prepared = json.dumps(prepare(schema))
+    assert "cmd__open" in prepared  # the member inside the property called "default" points at the open twin

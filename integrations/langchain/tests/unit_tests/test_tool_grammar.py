@@ -235,3 +235,28 @@ def test_arguments_keep_the_declared_property_order(lltok):
         "required": ["zeta", "alpha"]}}}
     g = tool_grammar([tool], "required")
     assert accepts(lltok, g, "<tool_call>\n" + '{"name": "book", "arguments": {"zeta": 1, "alpha": 2}}' + "\n</tool_call>")
+
+
+def test_parameters_from_real_schemas_keep_their_refs_ids_and_open_objects(lltok):
+    """Shapes met in the corpus's schemas used as tool parameters: a `$ref` inside a property called "default", a
+    draft-04 `id` beside local refs, an open object constrained only by `not`, and a tool with no arguments."""
+    def tool(name, parameters):
+        return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+    cmd = {"type": "object", "properties": {"command": {"type": "string"}}, "additionalProperties": False}
+    tools = [
+        tool("run", {"type": "object", "definitions": {"cmd": cmd},
+                     "properties": {"default": {"allOf": [{"$ref": "#/definitions/cmd"}, {"required": ["command"]}]},
+                                    "steps": {"type": "array", "items": {"$ref": "#/definitions/cmd"}}}}),
+        tool("azure", {"id": "https://schema.example.com/x.json#", "type": "object", "definitions": {"n": {"type": "integer"}},
+                       "properties": {"count": {"$ref": "#/definitions/n"}}, "required": ["count"]}),
+        tool("annotate", {"type": "object", "not": {"required": ["body", "bodyValue"]}}),
+        tool("ping", {"type": "object", "description": "no arguments"}),
+    ]
+    g = tool_grammar(tools, "required")
+    assert accepts(lltok, g, call("run", {"default": {"command": "ls"}, "steps": [{"command": "pwd"}]}))
+    assert not accepts(lltok, g, call("run", {"default": {}}))  # "command" is required there
+    assert accepts(lltok, g, call("azure", {"count": 3})) and not accepts(lltok, g, call("azure", {"count": "3"}))
+    assert accepts(lltok, g, call("annotate", {"body": "x"}))  # open: keys allowed ...
+    assert not accepts(lltok, g, call("annotate", {"body": "x", "bodyValue": "y"}))  # ... but never both
+    assert accepts(lltok, g, call("ping", {})) and not accepts(lltok, g, call("ping", {"x": 1}))
