@@ -33,6 +33,9 @@ FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"
 
 _CALL_RE = re.compile(re.escape(OPEN) + r"\s*(\{.*?\})\s*" + re.escape(CLOSE), re.DOTALL)
 _FENCED_RE = re.compile(r"\A\s*```json\s*(\{.*\})\s*```\s*\Z", re.DOTALL)
+# a call max_tokens cut short: its name once written, and whatever of its arguments came after
+_PARTIAL_RE = re.compile(re.escape(OPEN) + r'\s*\{"name":\s*"((?:[^"\\]|\\.)*)"(?:,\s*"arguments":\s*(.*)|.*)\Z',
+                         re.DOTALL)
 
 
 def _rust_escape(ch: str) -> str:
@@ -216,6 +219,19 @@ class ToolCallStreamer:
             out.append(self.add_call(load_call(m.group(1))))
             self.buffer = self.buffer[m.end():]
         return out
+
+    def cut(self, text: str | None = None) -> tuple[str, list[Any]]:
+        """max_tokens ended the reply inside a call: (the text before it, that call with the arguments written so
+        far, unparsable JSON, as OpenAI reports a cut call). `text`: the reply's rest, else what is held back."""
+        rest = self.buffer if text is None else text
+        m = _PARTIAL_RE.search(rest)
+        if m is None:
+            return rest if text is not None else "", []
+        self.buffer = ""
+        call = self.make_call(json.loads(f'"{m.group(1)}"'), m.group(2) or "", new_call_id(), self.index)
+        self.index += 1
+        self.calls.append(call)
+        return (rest[: m.start()] if text is not None else ""), [call]  # held-back text between calls is dropped
 
     def finish(self) -> tuple[str, list[Any]]:
         """At the end of the stream: (text still held back, a fenced call if the reply was one)."""

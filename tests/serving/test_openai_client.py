@@ -132,6 +132,26 @@ def test_pydantic_function_tool_with_defs_gives_parsed_calls(client):
     assert calls and all(isinstance(c.function.parsed_arguments, Dim) for c in calls)
 
 
+@pytest.mark.parametrize("markers", [False, True])
+def test_a_call_cut_by_max_tokens_is_reported_like_openai(client, marker_url, markers):
+    """finish_reason "length" with the call as far as it was written (its arguments not yet JSON), streamed or
+    not, as OpenAI reports a cut call; the reply used to come back empty."""
+    c = openai.OpenAI(base_url=marker_url, api_key=KEY, max_retries=0) if markers else client
+    count = [{"type": "function", "function": {"name": "count", "parameters": {  # cannot finish in 60 tokens
+        "type": "object", "properties": {"n": {"type": "string", "minLength": 300}}, "required": ["n"]}}}]
+    r = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=60, tools=count, tool_choice="required")
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls, choice
+    call = choice.message.tool_calls[-1]
+    assert call.function.name == "count" and call.function.arguments.startswith('{"n": ')
+    chunks = list(c.chat.completions.create(model=MODEL, messages=HI, max_tokens=60, tools=count,
+                                            tool_choice="required", stream=True))
+    names = [tc.function.name for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])
+             if tc.function.name]
+    assert names == [tc.function.name for tc in choice.message.tool_calls]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+
 def test_single_call_when_parallel_calls_are_off(client):
     r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=120, tools=TOOLS,
                                        tool_choice="required", parallel_tool_calls=False)

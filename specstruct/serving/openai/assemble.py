@@ -82,9 +82,13 @@ class Assembler:
         if self.hidden_markers:
             full = tool_core.reply_text(self.tokenizer, text, ids, self.call.tools)
             content, parsed = tool_core.parse_tool_calls(full)
-            out = self._out(content, [self.streamer.add_call(c) for c in parsed])
+            calls = [self.streamer.add_call(c) for c in parsed]
+            if cut is not None:  # a call cut short stays a call, with the arguments written so far
+                content, partial = self.streamer.cut(content)
+                calls += partial
+            out = self._out(content, calls)
         else:
-            out = self._out(*self.streamer.finish())
+            out = self._out(*(self.streamer.cut() if cut is not None else ("", []))) + self._out(*self.streamer.finish())
         if self.calls and self.finish_reason != "length":
             self.finish_reason = "tool_calls"
         return out

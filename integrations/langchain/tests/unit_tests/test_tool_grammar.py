@@ -260,3 +260,15 @@ def test_parameters_from_real_schemas_keep_their_refs_ids_and_open_objects(lltok
     assert accepts(lltok, g, call("annotate", {"body": "x"}))  # open: keys allowed ...
     assert not accepts(lltok, g, call("annotate", {"body": "x", "bodyValue": "y"}))  # ... but never both
     assert accepts(lltok, g, call("ping", {})) and not accepts(lltok, g, call("ping", {"x": 1}))
+
+
+def test_a_cut_call_keeps_its_name_and_the_arguments_written_so_far():
+    from specstruct.tools import ToolCallStreamer
+
+    for text, expected in [('<tool_call>\n{"name": "add", "arguments": {"a": 1', ("add", '{"a": 1')),
+                           ('<tool_call>\n{"name": "add", "argu', ("add", "")),
+                           ('<tool_call>\n{"name": "ad', None)]:  # no whole name: nothing to report
+        streamer = ToolCallStreamer()
+        assert streamer.feed(text) == ("", [])
+        _, calls = streamer.cut()
+        assert [(c["name"], c["arguments"]) for c in calls] == ([expected] if expected else []), text
