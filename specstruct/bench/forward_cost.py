@@ -1,12 +1,14 @@
 """Cost of one target pass over k new tokens, stock transformers numerics vs specstruct's row-invariant runtime.
 
     python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5] [--profile 1]
+                                            [--prefill 380]
 
 Prints, per model and numerics, the median milliseconds of a pass of k = 1, 2, 4, 8, 9 tokens on a 200-token cache
 and v(k) = T(k) / T(1): the verification cost that decides whether speculation can pay. Draft models (every model
 after the first) are also timed in the dynamic int8 numerics specstruct gives drafts by default, and the
 draft/target cost ratio c is printed for both. `--profile K` adds, per model and numerics, the ops that take the
 most time in a pass of K tokens, by input shape (which Linear is which): where the one-token step goes.
+`--prefill N` times a cold prefill of N tokens, stock against the chunks specstruct's scheduler uses.
 """
 
 from __future__ import annotations
@@ -61,6 +63,35 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
     return out
 
 
+def prefill_cost(model, tokens: int, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of a cold prefill of `tokens` tokens (logits of the last only): transformers' stock forward in
+    one block (stock Linear, SDPA) against specstruct's row-invariant runtime in the chunks its scheduler uses, 256
+    tokens (no row decoding, IDLE_PREFILL) and 32 (the floor while rows decode). Leaves the model row-invariant."""
+    from ..decoding.prefill_budget import IDLE_PREFILL
+
+    from ..models.loading import output_rows
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, min(output_rows(model), 50_000), (tokens,), generator=gen).tolist()
+    restore_stock(model)
+    stock = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(input_ids=torch.tensor([ids]), logits_to_keep=1)
+            stock.append(time.perf_counter() - t0)
+    rt = ModelRuntime(model)
+    out = {"stock one block": statistics.median(stock)}
+    for chunk in (IDLE_PREFILL, 32):
+        rt.prefill_chunk, times = chunk, []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            rt.prefill(ids, reuse=False)
+            times.append(time.perf_counter() - t0)
+        out[f"row-invariant, {chunk}-token chunks"] = statistics.median(times)
+    return out
+
+
 def print_profile(console, title: str, rows: list, top: int = 8) -> None:
     """The ops that take the most self time in one pass, with their input shapes (which Linear is which)."""
     from rich.table import Table
@@ -87,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile passes of K tokens (K must be one of 1, 2, 4, 8, 9): the ops taking the most "
                          "time, by input shape, for each model and numerics")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="also time a cold prefill of N tokens on the first model: stock one block vs the "
+                         "row-invariant runtime in 256- and 32-token chunks")
     args = ap.parse_args(argv)
     if args.profile and args.profile not in KS:
         ap.error(f"--profile takes one of {KS}")
@@ -105,6 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     console, profiles = Console(), []
     for i, name in enumerate(names):
         model, _ = load(name)
+        if args.prefill and i == 0:
+            cost = prefill_cost(model, args.prefill, repeats=max(1, min(args.repeats, 3)))
+            base = cost["stock one block"]
+            console.print(f"cold prefill of {args.prefill} tokens, {name} (median s): " + "; ".join(
+                f"{how} {t:.2f} ({t / base:.2f}x)" for how, t in cost.items()))
         for numerics in ("stock", "row-invariant") + (("int8",) if i else ()):  # int8: draft models only
             rows: list | None = [] if args.profile else None
             t = measure(model, numerics, repeats=args.repeats, ks=ks, profile=rows)

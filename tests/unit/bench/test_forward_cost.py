@@ -14,3 +14,13 @@ def test_measure_times_each_k_and_profiles_the_last():
     linear = [r for r in rows if r[0] == "mkldnn::_linear_pointwise"]
     assert linear and all(ms >= 0 for _, _, ms in rows)
     assert any(shapes and shapes[0] and shapes[0][0] == 4 for _, shapes, _ in linear)  # the k=4 pass's rows
+
+
+def test_prefill_cost_times_stock_and_both_chunkings_and_leaves_the_model_row_invariant():
+    from specstruct.bench.forward_cost import prefill_cost
+
+    model = tiny_model(tiny_tokenizer(), seed=0)
+    cost = prefill_cost(model, 40, repeats=1)
+    assert set(cost) == {"stock one block", "row-invariant, 256-token chunks", "row-invariant, 32-token chunks"}
+    assert all(t > 0 for t in cost.values())
+    assert "row-invariant" in model._specstruct_numerics
