@@ -72,6 +72,8 @@ def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefi
         "tokens_per_s": round(tokens / wall, 3), "passes": steps, "tokens_per_pass": round(tokens / steps, 3),
         "rows_per_pass": round(occupied / steps, 2), "latency_p50_s": round(statistics.median(lat), 2),
         "latency_p95_s": round(_pct(lat, 0.95), 2), "max_decode_step_s": round(longest, 2),
+        # one at a time, the requests' prefill (target and draft reading the prompt) in all: what batching cannot share
+        "prefill_s_sum": round(sum(r.stats.prefill_s for r in rows), 2) if concurrency == 1 else None,
         "errors": [repr(r.error) for r in rows if r.error],
         "token_ids": [r.token_ids for r in rows],
     }

@@ -14,6 +14,7 @@ def test_measure_batch_reports_identity_and_passes(tok, target, close_draft):
     assert out["identical_outputs"] == "3/3"
     assert out["batched"]["passes"] < runs[0]["passes"]  # rows shared passes
     assert out["batched"]["rows_per_pass"] > 1 and out["throughput_ratio"] > 0
+    assert runs[0]["prefill_s_sum"] > 0 and out["batched"]["prefill_s_sum"] is None  # only one at a time is prefill
 
 
 def test_prefill_interference_measures_each_arrival_mode(tok, target):
