@@ -33,8 +33,8 @@ def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The tool's parameter schema as the grammar embeds it: an object, closed so the model cannot invent arguments,
     prepared exactly as a `response_format` schema is (same coverage, same ConstraintError naming keyword and path,
     prefixed with the tool's name)."""
-    params = tool["function"].get("parameters")
-    params = {} if params is None else params
+    given = tool["function"].get("parameters")
+    params = {} if given is None else given
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters must be a JSON schema of type "
                               f"\"object\" (a call's arguments are one JSON object), got {json.dumps(params)[:200]}")
@@ -45,7 +45,7 @@ def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
         return json.loads(_prepared(json.dumps(params)))  # key order kept: it is the properties' order
     except ConstraintError as e:
         hint = (" (it was read as an object schema, \"type\": \"object\": a call's arguments are one JSON object)"
-                if "type" not in tool["function"]["parameters"] and "admits no value" in str(e) else "")
+                if "type" not in (given or {}) and "admits no value" in str(e) else "")
         raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {e}{hint}") from e
 
 
