@@ -82,6 +82,7 @@ def serve(
             raise fail(f"the server needs its extra ({exc}): pip install \"specstruct[server]\"", EXIT_OTHER) from None
         if api_key == "":
             raise fail("--api-key is empty; pass a key or leave it out", EXIT_USAGE)
+        _check_address(host, port)  # before the model loads, not after
         if threads:
             import torch
 
@@ -96,7 +97,28 @@ def serve(
         app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),
                                 timeout_graceful_shutdown=shutdown_timeout, access_log=False)
-        _AnnouncingServer(config, name, bool(api_key)).run()
+        try:
+            _AnnouncingServer(config, name, bool(api_key)).run()
+        except SystemExit as exc:  # uvicorn exits 3 when it cannot start: that code means "constraint error" here
+            if exc.code not in (0, None):
+                raise fail("the server could not start (uvicorn's error above)", EXIT_OTHER) from None
+            raise
+
+
+def _check_address(host: str, port: int) -> None:
+    """Fail fast, naming the fix, when `host:port` cannot be listened on (a port in use, an unknown host)."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            probe.bind(address)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port (0 picks a free "
+                   "one) or stop what is using it", EXIT_USAGE) from None
 
 
 class _AnnouncingServer:

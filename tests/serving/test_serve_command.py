@@ -87,3 +87,20 @@ def test_serve_prints_url_and_stops_cleanly_during_requests(model_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_port_in_use_is_a_usage_error_before_the_model_loads(tmp_path):
+    """It used to load the model, then exit 3 (uvicorn's startup failure, "constraint error" in specstruct's table)."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from specstruct.cli import commands as cli
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(cli.app, ["serve", "--model", str(tmp_path / "no-model"), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port}" in result.output and "--port" in result.output
