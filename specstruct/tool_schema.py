@@ -9,7 +9,8 @@ import functools
 import json
 from typing import Any, Sequence
 
-from specstruct.constraints.schema_logic import NAME_MAPS, dict_nodes
+from specstruct.constraints.schema_branches import DATA
+from specstruct.constraints.schema_logic import IGNORED, NAME_MAPS, dict_nodes
 from specstruct.errors import ConstraintError
 
 # Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that
@@ -25,8 +26,7 @@ def tool_name(tool: dict[str, Any]) -> str:
 # a document's own URI and dialect: nested in the call schema, an `id` would become the base its `#/...` refs resolve in
 _IDENTITY = ("$id", "id", "$schema")
 # what a schema may hold and still say nothing about its keys: parameters with nothing else take no arguments
-_ANNOTATIONS = {"type", "title", "description", "$schema", "$id", "id", "$comment", "examples", "default",
-                "deprecated", "readOnly", "writeOnly"}
+_ANNOTATIONS = IGNORED | {"type"}
 
 
 def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
@@ -56,11 +56,8 @@ def _prepared(params: str) -> str:  # the same tools come with every request of 
     return json.dumps(guaranteed_schema(params))
 
 
-_DATA = ("const", "enum", "default", "examples")  # values, not schemas: never rewritten
-
-
 def _has_ref(node: Any) -> bool:
-    return any(isinstance(n.get("$ref"), str) for n in dict_nodes(node, skip=_DATA))
+    return any(isinstance(n.get("$ref"), str) for n in dict_nodes(node, skip=DATA))
 
 
 def _moved(node: Any, to: str) -> Any:
@@ -76,7 +73,7 @@ def _moved(node: Any, to: str) -> Any:
         elif k in NAME_MAPS and isinstance(v, dict):  # names, not keywords: a property may be called "default"
             out[k] = {name: _moved(s, to) for name, s in v.items()}
         else:
-            out[k] = v if k in _DATA else _moved(v, to)
+            out[k] = v if k in DATA else _moved(v, to)  # values, not schemas: never rewritten
     return out
 
 

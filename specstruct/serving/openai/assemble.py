@@ -88,7 +88,8 @@ class Assembler:
                 calls += partial
             out = self._out(content, calls)
         else:
-            out = self._out(*(self.streamer.cut() if cut is not None else ("", []))) + self._out(*self.streamer.finish())
+            out = self._out(*self.streamer.cut()) if cut is not None else []  # a call cut short, as far as written
+            out += self._out(*self.streamer.finish())
         if self.calls and self.finish_reason != "length":
             self.finish_reason = "tool_calls"
         return out
