@@ -9,8 +9,7 @@ import functools
 import json
 from typing import Any, Sequence
 
-from specstruct.constraints.schema_branches import DATA
-from specstruct.constraints.schema_logic import IGNORED, NAME_MAPS, dict_nodes
+from specstruct.constraints.schema_logic import DATA, IGNORED, NAME_MAPS, dict_nodes
 from specstruct.errors import ConstraintError
 
 # Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that

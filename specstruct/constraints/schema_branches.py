@@ -27,11 +27,10 @@ import copy
 import re
 from typing import Any
 
-from specstruct.constraints.schema_logic import Unsupported, all_of, any_of, negate, refs_in, resolve_pointer
+from specstruct.constraints.schema_logic import DATA, Unsupported, all_of, any_of, negate, refs_in, resolve_pointer
 
 MAX_ONE_OF = 4  # oneOf branches rewritten at most where a branch must carry the negations of others
 MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema: their keys are names
-DATA = ("const", "enum", "default", "examples", "required")  # values, not schemas
 AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired", "if")  # never closed: they are negated
 
 

@@ -7,8 +7,8 @@ import copy
 import re
 from typing import Any
 
-from specstruct.constraints.schema_branches import AS_WRITTEN, DATA, MAPS
-from specstruct.constraints.schema_logic import dict_nodes, resolve_pointer
+from specstruct.constraints.schema_branches import AS_WRITTEN, MAPS
+from specstruct.constraints.schema_logic import DATA, dict_nodes, resolve_pointer
 
 
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")

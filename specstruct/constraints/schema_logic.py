@@ -21,7 +21,7 @@ IGNORED = {"title", "description", "$comment", "default", "examples", "deprecate
            "$schema", "$id", "id", "$defs", "definitions"}  # annotations, and containers only a $ref reads
 NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies",
              "dependentRequired")  # name -> schema (or list) maps: their keys are names, never keywords
-_DATA = ("const", "enum", "default", "examples", "required")
+DATA = ("const", "enum", "default", "examples", "required")  # values, not schemas
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 _ANY = r"[\s\S]"  # one character, newlines included
 
@@ -53,7 +53,7 @@ def _walk(node: Any, root: Any) -> None:
         if k in NAME_MAPS and isinstance(v, dict):
             for s in v.values():
                 _walk(s, root)
-        elif k not in _DATA and k != "not":
+        elif k not in DATA and k != "not":
             _walk(v, root)
     pieces = []
     if "not" in node:
@@ -287,7 +287,7 @@ def dict_nodes(root: Any, skip: tuple[str, ...] = ()) -> Iterator[dict]:
 
 def _nodes(node: Any, data: bool = False) -> Iterator[dict]:
     """Every object in `node`, inside enum/const/... values too if `data`."""
-    return dict_nodes(node, () if data else _DATA)
+    return dict_nodes(node, () if data else DATA)
 
 
 def _holds(node: Any, keyword: str) -> bool:
