@@ -30,7 +30,9 @@ from typing import Any
 from specstruct.constraints.schema_logic import DATA, Unsupported, all_of, any_of, negate, refs_in, resolve_pointer
 
 MAX_ONE_OF = 4  # oneOf branches rewritten at most where a branch must carry the negations of others
-MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema: their keys are names
+# name -> schema maps that closing enters (schema_logic.NAME_MAPS also lists the dependency maps, which closing
+# leaves AS_WRITTEN: closing inside them would widen what they negate)
+MAPS = ("properties", "patternProperties", "$defs", "definitions")
 AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired", "if")  # never closed: they are negated
 
 
