@@ -35,7 +35,8 @@ import torch
 
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
-from .linear import onednn_linear_forward, pack_linears, unpack_linears
+from .linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
+from .mapped import own_mapped_tensors
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
@@ -87,6 +88,8 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         if isinstance(mod, torch.nn.Linear):
             mod.forward = types.MethodType(onednn_linear_forward, mod)
     weights = pack_linears(model)
+    if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
+        own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
     use_packed_attention(model)
     model._specstruct_numerics = f"float32, row-invariant (oneDNN linear >=2 rows, {weights}; row-wise attention)"
     return model._specstruct_numerics
