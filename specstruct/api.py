@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any, Generator, Iterator, Sequence, TypeVar, overload
 
@@ -22,6 +23,7 @@ from .results import Chunk, Result
 from .decoding import stops
 from .decoding.kv.memory import KVBudget, build as build_kv_tiers
 from .decoding.preempt import Preemption
+from .decoding.load_memory import trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
@@ -79,6 +81,7 @@ class SpecStruct(AsyncCalls):
         self._preemption = Preemption(self._kv_budget, self.kv_store)
         self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
+        trim_heap()  # loading freed float32 copies (the draft's, before int8) in pieces glibc would keep
         release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
 
     @classmethod
@@ -98,8 +101,12 @@ class SpecStruct(AsyncCalls):
         draft_model = draft_tok = None
         if draft:
             draft_model, draft_tok = load(draft, device=device, dtype=dtype)
-        return cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
-                   batch_config=batch_config)
+        engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
+                     batch_config=batch_config)
+        del target, draft_model  # the engine keeps what it uses (an int8 copy of the draft): free the rest now
+        gc.collect()             # (a transformers model is a reference cycle) and give its heap back to the
+        trim_heap()              # system: 1 GB for the float32 0.5B draft
+        return engine
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def constraint(self, output_type: Any = None) -> Constraint:

@@ -36,7 +36,7 @@ import torch
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
 from .linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
-from .mapped import own_mapped_tensors
+from .load_memory import own_mapped_tensors
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
