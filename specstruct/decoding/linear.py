@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecStructError
+from .load_memory import file_ranges, page_out
 
 
 def onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,7 @@ def pack_linears(model: torch.nn.Module) -> str:
     """Prepack every unshared nn.Linear weight in place (idempotent); a few words for the numerics string.
     Where this torch cannot prepack, the weights stay plain (the results are the same, only slower)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    shared, packed = _shared_weights(model), 0
+    shared, packed, mapped = _shared_weights(model), 0, file_ranges()
     for mod in linears:
         w = mod.weight
         if isinstance(w, PackedWeight):
@@ -120,6 +121,8 @@ def pack_linears(model: torch.nn.Module) -> str:
         mod._specstruct_weight_grad = w.requires_grad
         mod.weight = PackedWeight(data, requires_grad=False)
         mod.register_state_dict_post_hook(_dense_state_dict)
+        if mapped:
+            page_out(w, mapped)  # its file pages were read once for packing: give them back now, not at the end
         packed += 1
     return f"{packed} of {len(linears)} weights prepacked"
 

@@ -7,6 +7,11 @@ whole mapping open, and every page the packing read stays counted in the process
 for Qwen2.5-Coder-1.5B, on top of the 6 GB packed copy). `own_mapped_tensors` copies those remaining tensors
 into ordinary memory (about 0.9 GB for that model, pages it touched anyway) so the mapping can close.
 
+`page_out` asks the kernel to reclaim a file-backed tensor's pages at once (MADV_PAGEOUT: clean pages are dropped
+and read again from the file if touched, nothing is lost): pack_linears calls it on each plain weight it has
+replaced, so packing never holds both copies of every weight (the peak while loading the 1.5B target was its file
+pages plus its packed copy).
+
 `trim_heap` hands freed heap back to the system; SpecStruct calls it once the models are loaded. Loading frees
 float32 copies (the draft's, once it is int8) in pieces small enough that glibc keeps them: 1.4 GB here.
 
@@ -22,7 +27,7 @@ from pathlib import Path
 import torch
 
 
-def _file_ranges() -> list[tuple[int, int]]:
+def file_ranges() -> list[tuple[int, int]]:
     """Address ranges of this process's file-backed mappings (start, end)."""
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
@@ -37,10 +42,38 @@ def _file_ranges() -> list[tuple[int, int]]:
     return out
 
 
+_PAGE = 4096
+_MADV_PAGEOUT = 21  # Linux 5.4+; an older kernel answers EINVAL and the pages are simply left to the kernel
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def page_out(t: torch.Tensor, ranges: list[tuple[int, int]] | None = None) -> int:
+    """Ask the kernel to reclaim the whole pages of `t`'s storage when they belong to a file mapping (`ranges`:
+    file_ranges(), read once by a caller doing many tensors). Best effort; returns the bytes advised (0: none)."""
+    libc = _libc()
+    if libc is None or t.device.type != "cpu" or t.is_mkldnn:
+        return 0
+    storage = t.untyped_storage()
+    ptr, size = storage.data_ptr(), storage.nbytes()
+    if not any(a <= ptr < b for a, b in (file_ranges() if ranges is None else ranges)):
+        return 0
+    start, end = -(-ptr // _PAGE) * _PAGE, (ptr + size) // _PAGE * _PAGE  # only pages wholly inside the tensor
+    if end <= start:
+        return 0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return end - start if libc.madvise(start, end - start, _MADV_PAGEOUT) == 0 else 0
+
+
 def own_mapped_tensors(model: torch.nn.Module) -> int:
     """Copy every parameter and buffer of `model` that lives in a file mapping into process memory; returns the
     bytes copied. Values, dtypes, tied parameters (one Parameter object, copied once) and requires_grad stay."""
-    ranges = _file_ranges()
+    ranges = file_ranges()
     if not ranges:
         return 0
 
@@ -69,8 +102,8 @@ def own_mapped_tensors(model: torch.nn.Module) -> int:
 
 def trim_heap() -> bool:
     """glibc's malloc_trim(0): return free heap pages to the system. False where there is no glibc."""
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
+        return bool(libc.malloc_trim(0)) if libc is not None else False
+    except AttributeError:  # a C library without malloc_trim (musl)
         return False

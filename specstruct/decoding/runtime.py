@@ -36,7 +36,7 @@ import torch
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
 from .linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
-from .load_memory import own_mapped_tensors
+from .load_memory import file_ranges, own_mapped_tensors, page_out
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
@@ -118,6 +118,9 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     import warnings
 
     q = copy.deepcopy(model)
+    ranges = file_ranges()
+    for t in (*model.parameters(), *model.buffers()):  # the copy read `model`'s file pages: reclaim them now
+        page_out(t, ranges)
     unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specstruct.decoding.load_memory import _file_ranges, own_mapped_tensors, trim_heap
+from specstruct.decoding.load_memory import file_ranges, own_mapped_tensors, trim_heap
 from specstruct.decoding.runtime import ModelRuntime, make_row_invariant
 from specstruct.testing import tiny_model, tiny_tokenizer
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 def _in_file(t: torch.Tensor) -> bool:
     ptr = t.untyped_storage().data_ptr()
-    return any(a <= ptr < b for a, b in _file_ranges())
+    return any(a <= ptr < b for a, b in file_ranges())
 
 
 def _plain_tensors(model):
@@ -60,3 +60,12 @@ def test_own_mapped_tensors_changes_nothing_for_a_model_in_memory():
 
 def test_trim_heap_gives_freed_heap_back_and_never_raises():
     assert trim_heap() in (True, False)
+
+
+def test_page_out_keeps_a_mapped_tensors_values_and_skips_memory_that_is_not_a_file(mapped_model):
+    from specstruct.decoding.load_memory import page_out
+
+    w = mapped_model.model.layers[0].mlp.up_proj.weight
+    before = w.detach().clone()
+    assert page_out(w) >= 0 and torch.equal(w, before)  # reclaimed pages read back from the file, unchanged
+    assert page_out(torch.ones(100_000)) == 0  # ordinary memory is never advised
