@@ -38,6 +38,16 @@ _PARTIAL_RE = re.compile(re.escape(OPEN) + r'\s*\{"name":\s*"((?:[^"\\]|\\.)*)"(
                          re.DOTALL)
 
 
+def _written_arguments(raw: str) -> str:
+    """A cut call's arguments as far as they were written: the whole JSON object when the cut came after it (the
+    call's closing brace and tag, cut or not, are not part of it), else the partial text."""
+    try:
+        _, end = json.JSONDecoder().raw_decode(raw)
+    except json.JSONDecodeError:
+        return raw
+    return raw[:end]
+
+
 def _rust_escape(ch: str) -> str:
     """Escape one character for a Rust `regex` character class or literal."""
     return "\\" + ch if ch in "\\.+*?()|[]{}^$#&-~/" else ch
@@ -225,10 +235,13 @@ class ToolCallStreamer:
         far, unparsable JSON, as OpenAI reports a cut call). `text`: the reply's rest, else what is held back."""
         rest = self.buffer if text is None else text
         m = _PARTIAL_RE.search(rest)
-        if m is None:
-            return rest if text is not None else "", []
+        if m is None:  # cut before the call's name was complete: nothing to report but the text before it
+            opened = rest.find(OPEN)
+            self.buffer = ""
+            return (rest[:opened] if opened >= 0 else rest) if text is not None else "", []
         self.buffer = ""
-        call = self.make_call(json.loads(f'"{m.group(1)}"'), m.group(2) or "", new_call_id(), self.index)
+        call = self.make_call(json.loads(f'"{m.group(1)}"'), _written_arguments(m.group(2) or ""), new_call_id(),
+                              self.index)
         self.index += 1
         self.calls.append(call)
         return (rest[: m.start()] if text is not None else ""), [call]  # held-back text between calls is dropped

@@ -52,3 +52,25 @@ def test_bench_serve_load_generator():
     assert "HTTP 400" in level["error_messages"][0]
     assert level["ttft_s"]["p50"] > 0 and level["e2e_s"]["p99"] >= level["e2e_s"]["p50"]
     assert "| 3 | 6 | 2 | 2 | 0 |" in table([level])
+
+
+def test_a_cut_after_complete_arguments_reports_exactly_those_arguments():
+    """max_tokens ending the reply after the arguments' closing brace (inside the call's own `}` or the closing
+    tag) gives the arguments as written, not with `}` and a piece of `</tool_call>` glued on."""
+    from specstruct.tools import ToolCallStreamer
+
+    head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}'
+    for tail in ("", "}", "}\n<", "}\n</tool_", "}\n</tool_cal"):
+        text, calls = ToolCallStreamer().cut(head + tail)
+        assert text == "" and [c["arguments"] for c in calls] == ['{"city": "Paris"}'], tail
+    _, calls = ToolCallStreamer().cut('<tool_call>\n{"name": "f", "arguments": {"city": "Pa')
+    assert calls[0]["arguments"] == '{"city": "Pa'  # still inside the arguments: as far as written
+
+
+def test_a_cut_inside_the_call_name_leaves_no_markup_in_the_text():
+    from specstruct.tools import ToolCallStreamer
+
+    assert ToolCallStreamer().cut('Sure.<tool_call>\n{"name": "noar') == ("Sure.", [])
+    streamer = ToolCallStreamer()
+    streamer.feed('<tool_call>\n{"name": "noar')
+    assert streamer.cut() == ("", [])
