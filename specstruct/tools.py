@@ -106,7 +106,11 @@ def select_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> tuple[lis
         return [], "none"
     name = tool_choice
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")
+        if function is not None and not isinstance(function, dict):
+            raise ValueError(f"tool_choice={tool_choice!r}: 'function' must be an object naming the tool, "
+                             '{"type": "function", "function": {"name": "..."}}')
+        name = (function or {}).get("name") or tool_choice.get("name")
     chosen = [t for t in tools if tool_name(t) == name]
     if not chosen:
         raise ValueError(

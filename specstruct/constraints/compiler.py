@@ -58,10 +58,22 @@ def default_json_backend() -> str:
     return backend
 
 
+def _check_encodable(spec: ConstraintSpec) -> None:
+    """A regex, grammar or schema holding a lone surrogate (possible in a Python str, or a JSON "\\ud800" escape)
+    has no UTF-8 form for the compilers to read."""
+    try:
+        (spec.source or "").encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConstraintError(f"the {spec.kind} holds a lone surrogate ({spec.source[e.start]!r} at character "
+                              f"{e.start}), which has no UTF-8 encoding: remove it or write the whole character"
+                              ) from None
+
+
 def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_token_ids: Sequence[int],
                        json_backend: str | None = None):
     """Compile `spec` for `tokenizer` into a fresh Constraint at its initial state (cached compilation).
     Every compile is bounded by limits.limits(): past them it raises ConstraintError naming the limit."""
+    _check_encodable(spec)
     table = token_table(tokenizer)
     eos = [int(e) for e in eos_token_ids] or [table.eos_id]
     if spec.kind in ("text", "code"):

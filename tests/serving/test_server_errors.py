@@ -112,7 +112,7 @@ def test_malformed_bodies(http):
 
 
 def test_unknown_model_and_unhonourable_fields(http):
-    expect(post(http, {"model": "gpt-4o"}), 400, param="model", code="model_not_found")
+    expect(post(http, {"model": "gpt-4o"}), 404, param="model", code="model_not_found")
     expect(post(http, {"n": 2}), 400, param="n")
     expect(post(http, {"logprobs": True}), 400, param="logprobs")
     expect(post(http, {"max_tokens": 301}), 400, param="max_tokens")
@@ -209,3 +209,56 @@ def test_client_disconnect_cancels_the_generation(served, http):
     assert how == "cancelled" and chunks < 300
     r = post(http, {"max_tokens": 2})
     assert r.status_code == 200 and json.loads(r.text)["usage"]["completion_tokens"] == 2
+
+
+def raw(http, text: bytes):
+    return http.post("/chat/completions", content=text, headers={"Content-Type": "application/json"})
+
+
+def test_wrongly_shaped_fields_are_400s_naming_the_field_never_500s(http):
+    """Found by probing: each of these was a 500 (an AttributeError or RecursionError inside the server)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    expect(post(http, {"messages": HI + [{"role": "assistant", "tool_calls": [{"id": "x", "function": "f"}]}]}),
+           400, param="messages[1].tool_calls[0].function")
+    expect(post(http, {"tools": tools, "tool_choice": {"type": "function", "function": "f"}}), 400,
+           param="tool_choice.function")
+    expect(post(http, {"response_format": {"type": "json_schema", "json_schema": "abc"}}), 400,
+           param="response_format.json_schema")
+    expect(raw(http, b'{"model":"' + MODEL.encode() + b'","messages":[{"role":"user","content":"hi"}],"x":'
+               + b"[" * 1500 + b"]" * 1500 + b"}"), 400, code="invalid_json")
+    for text in (b'"a\\ud800b"',):  # a lone surrogate: the engine's InvalidPromptError, now a 400
+        expect(raw(http, b'{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":%s}]}'
+                   % (MODEL.encode(), text)), 400, param="messages")
+    expect(raw(http, b'{"model":"%s","max_tokens":4,"structured_outputs":{"regex":"\\ud800"},"messages":'
+               b'[{"role":"user","content":"hi"}]}' % MODEL.encode()), 400, code="unsupported_constraint")
+    expect(http.post("/completions", content=b'{"model":"%s","max_tokens":4,"prompt":"a\\udc00"}' % MODEL.encode(),
+                     headers={"Content-Type": "application/json"}), 400, param="prompt")
+
+
+def test_smaller_deviations_from_openai(http):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    err = expect(post(http, {"tools": [], "tool_choice": "required"}), 400, param="tool_choice")
+    assert "required" in err["message"] and "names" not in err["message"]
+    expect(http.post("/completions", json={"model": MODEL, "prompt": []}), 400, param="prompt")
+    expect(post(http, {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}), 400,
+           param="messages[0].content[0].text")
+    expect(post(http, {"stop": 5}), 400, param="stop")  # not "stop.str"
+    expect(post(http, {"tool_choice": "any", "tools": tools}), 400, param="tool_choice")
+    expect(post(http, {"functions": [{"name": "f"}]}), 400, param="functions")
+    expect(post(http, {"modalities": ["text", "audio"]}), 400, param="modalities")
+    expect(post(http, {"stream_options": {"include_usage": True}}), 400, param="stream_options")
+    for name in ("", "a b", 'x"y', "n" * 65):
+        expect(post(http, {"tools": [{"type": "function", "function": {"name": name}}]}), 400,
+               param="tools[0].function.name")
+
+
+def test_a_request_whose_kv_can_never_fit_is_a_400():
+    import specstruct as ss
+    from specstruct.testing import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, seed=0), tok, model_name=MODEL,
+                           config=ss.SpecConfig(max_new_tokens=40, kv_memory={"active_bytes": 500_000}))
+    app = create_app(engine, served_model_name=MODEL, api_key=KEY, limits=ServerLimits(max_tokens_cap=4000))
+    with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        expect(post(c, {"max_tokens": 2000}), 400, param="messages", code="context_length_exceeded")

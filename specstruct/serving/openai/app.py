@@ -51,8 +51,8 @@ class _Server:
             body = await read_json(request, self.limits)
             req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
             if req.model != self.name:
-                raise bad_request(f"model {req.model!r} is not served here; this server serves {self.name!r} "
-                                  "(GET /v1/models)", "model", "model_not_found")
+                raise APIError(404, f"the model {req.model!r} does not exist here; this server serves {self.name!r} "
+                               "(GET /v1/models)", param="model", code="model_not_found")  # OpenAI's status
             call = (chat_call(req, self.limits, self.engine.tokenizer) if chat
                     else completion_call(req, self.limits))
             self.admission.enter()
@@ -108,7 +108,7 @@ class _Server:
                     raise APIError(499, "the client disconnected; the request was cancelled", code="cancelled")
             task.result()
         except Exception as exc:
-            raise from_exception(exc, constraint_param=call.constraint_param) from exc
+            raise from_exception(exc, constraint_param=call.constraint_param, prompt_param=call.prompt_param) from exc
         finally:  # also on cancellation (shutdown): the generation stops at its next step
             cancel.set()
             task.cancel()
@@ -141,7 +141,7 @@ class _Server:
                 yield shape.usage_chunk(asm.stats)
             yield DONE
         except Exception as exc:  # noqa: BLE001 - mid-stream: an error event, then [DONE]
-            err = from_exception(exc, constraint_param=call.constraint_param)
+            err = from_exception(exc, constraint_param=call.constraint_param, prompt_param=call.prompt_param)
             status = err.status
             yield shape.error_chunk(err.body())
             yield DONE

@@ -36,7 +36,8 @@ def overloaded(retry_after_s: float, message: str | None = None) -> APIError:
                     type="rate_limit_error", code="overloaded", headers={"Retry-After": str(seconds)})
 
 
-def from_exception(exc: BaseException, *, constraint_param: str | None = None, retry_after_s: float = 1) -> APIError:
+def from_exception(exc: BaseException, *, constraint_param: str | None = None, retry_after_s: float = 1,
+                   prompt_param: str = "messages") -> APIError:
     """The APIError for an exception raised while preparing or running a request."""
     if isinstance(exc, APIError):
         return exc
@@ -46,8 +47,10 @@ def from_exception(exc: BaseException, *, constraint_param: str | None = None, r
         return bad_request(str(exc), constraint_param, "unsupported_constraint")
     if isinstance(exc, ss_errors.InvalidParameterError):
         return bad_request(str(exc), None, "invalid_value")
-    if isinstance(exc, ss_errors.PromptTooLongError):
-        return bad_request(str(exc), "messages", "context_length_exceeded")
+    if isinstance(exc, (ss_errors.PromptTooLongError, ss_errors.KVMemoryError)):  # the request can never fit
+        return bad_request(str(exc), prompt_param, "context_length_exceeded")
+    if isinstance(exc, ss_errors.InvalidPromptError):
+        return bad_request(str(exc), prompt_param, "invalid_value")
     if isinstance(exc, ss_errors.ValidationRetryError):
         return APIError(500, f"the output failed validation: {exc}", type="server_error", code="validation_failed")
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -43,6 +44,9 @@ async def read_json(request: Request, limits: ServerLimits) -> Any:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON ({e})", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body nests arrays or objects too deeply to read; flatten it",
+                          code="invalid_json") from None
 
 
 def parse(model: type[M], body: Any) -> M:
@@ -51,9 +55,26 @@ def parse(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
+        errors = e.errors()  # of a union's members, the one that got furthest into the value says most
+        err = max(errors, key=lambda er: len(er["loc"]))  # (max keeps the first of equals)
+        where = field_path(err["loc"])
         raise bad_request(f"{where}: {err['msg']}" if where else err["msg"], where, "invalid_value") from None
+
+
+def field_path(loc: tuple) -> str | None:
+    """A pydantic error location as the request's own path, `messages[1].tool_calls[0].function`: list indices in
+    brackets, and the names pydantic gives the members of a union (`str`, `list[...]`, `ToolChoice`,
+    `literal['none',...]`) left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _UNION_MEMBER.match(part):
+            out += f".{part}" if out else part
+    return out or None
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|dict\[.*|list\[.*|literal\[.*|function-.*|[A-Z]\w*)$")
 
 
 class Admission:

@@ -19,7 +19,7 @@ class StreamOptions(_Open):
 
 
 class FunctionDef(_Open):
-    name: str
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule: a chat template writes it verbatim
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -30,12 +30,32 @@ class Tool(_Open):
     function: FunctionDef
 
 
+class CalledFunction(_Open):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # OpenAI sends JSON text; a dict is accepted too
+
+
+class ToolCall(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[Any] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+
+
+class ChosenFunction(_Open):
+    name: str
+
+
+class ToolChoice(_Open):
+    type: Literal["function"] = "function"
+    function: ChosenFunction
 
 
 class _Sampling(_Open):
@@ -64,7 +84,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
 
@@ -79,6 +99,17 @@ class CompletionRequest(_Sampling):
 
 def refuse_unsupported(req: _Sampling) -> None:
     """400 for a field whose value the server cannot honour (rather than silently ignoring it)."""
+    extra = req.model_extra or {}
+    for legacy, use in (("functions", "tools"), ("function_call", "tool_choice")):
+        if extra.get(legacy) is not None:
+            raise bad_request(f"{legacy} (the deprecated function-calling fields) is not supported by this server; "
+                              f"send {use} instead", legacy)
+    modalities = extra.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad_request(f"modalities={modalities!r} is not supported: this server writes text only; send "
+                          '["text"] or omit it', "modalities")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if req.n not in (None, 1):
         raise bad_request(f"n={req.n} is not supported: this server returns one choice per request; send n=1 "
                           "or several requests", "n")

@@ -31,7 +31,7 @@ async def prepare(engine: Any, call: EngineCall, limits: ServerLimits) -> int:
     try:
         n = await anyio.to_thread.run_sync(check)
     except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error object
-        raise from_exception(exc, constraint_param=call.constraint_param) from exc
+        raise from_exception(exc, constraint_param=call.constraint_param, prompt_param=call.prompt_param) from exc
     if limits.max_prompt_tokens is not None and n > limits.max_prompt_tokens:
         raise bad_request(f"the prompt has {n} tokens, over this server's limit of {limits.max_prompt_tokens}; "
                           "shorten it", "messages", "context_length_exceeded")

@@ -13,7 +13,7 @@ from specstruct.errors import ConstraintError
 
 from .errors import bad_request
 from .limits import ServerLimits
-from .protocol import ChatCompletionRequest, CompletionRequest, Message, refuse_unsupported
+from .protocol import ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported
 
 
 @dataclass
@@ -26,6 +26,11 @@ class EngineCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     constraint_param: str | None = None  # the request field a ConstraintError is about
     mode: str = "text"  # text | json | regex | choice | grammar | tools (metrics label)
+
+    @property
+    def prompt_param(self) -> str:
+        """The request field the prompt came from (errors about the prompt name it)."""
+        return "messages" if isinstance(self.prompt, list) else "prompt"
 
     @property
     def max_new_tokens(self) -> int:
@@ -51,7 +56,10 @@ def _text(content: Any, where: str) -> str:
         if kind != "text":
             raise bad_request(f"{where}.content[{i}] is a {kind!r} part; this server reads text parts only",
                               f"{where}.content")
-        parts.append(str(part.get("text", "")))
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content[{i}].text must be a string, got {part.get('text')!r}",
+                              f"{where}.content[{i}].text")
+        parts.append(part["text"])
     return "".join(parts)
 
 
@@ -78,10 +86,9 @@ def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"role": role, "content": _text(m.content, where)}
         if m.tool_calls:
             item["tool_calls"] = [
-                {"id": c.get("id"), "type": "function",
-                 "function": {"name": (c.get("function") or {}).get("name"),
-                              "arguments": _arguments((c.get("function") or {}).get("arguments"),
-                                                      f"{where}.tool_calls[{j}]")}}
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name,
+                              "arguments": _arguments(c.function.arguments, f"{where}.tool_calls[{j}]")}}
                 for j, c in enumerate(m.tool_calls)]
         if m.tool_call_id:
             item["tool_call_id"] = m.tool_call_id
@@ -122,6 +129,9 @@ def structured_output_type(response_format: dict | None, structured: dict | None
         return {"type": "object"}, "json", "response_format"
     if kind == "json_schema":
         spec = response_format.get("json_schema") or {}
+        if not isinstance(spec, dict):
+            raise bad_request('response_format.json_schema must be an object: {"name": ..., "schema": {...}}',
+                              "response_format.json_schema")
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema.schema must be a JSON schema object",
@@ -137,20 +147,23 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
                           limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    if tools and (output_type is None or req.tool_choice != "none"):
+    tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) else req.tool_choice
+    if tools and (output_type is None or tool_choice != "none"):
         if output_type is not None:
             raise bad_request("send either tools or a structured response format in one request, not both",
                               "response_format")
         try:  # tool_choice "none": free text that cannot open a call
-            grammar = tool_core.tool_grammar(tools, req.tool_choice, tokenizer,
+            grammar = tool_core.tool_grammar(tools, tool_choice, tokenizer,
                                              parallel=req.parallel_tool_calls is not False)
         except ConstraintError as e:  # a tool's parameters schema
             raise bad_request(str(e), "tools", "unsupported_constraint")
         except ValueError as e:
             raise bad_request(str(e), "tool_choice")
-        mode = "text" if req.tool_choice == "none" else "tools"
+        mode = "text" if tool_choice == "none" else "tools"
         output_type, param = ss.Grammar(grammar, instruction=""), "tools"
-    elif req.tool_choice not in (None, "none", "auto"):
+    elif tool_choice == "required":
+        raise bad_request('tool_choice "required" needs at least one tool, but the request has none', "tool_choice")
+    elif tool_choice not in (None, "none", "auto"):
         raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
     kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                   stop=req.stop_list() if output_type is None else None)  # stop strings would cut a constraint
@@ -164,6 +177,8 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
         if not all(isinstance(p, str) for p in prompt):
             raise bad_request("prompts as token IDs are not supported by this server; send the prompt as text",
                               "prompt")
+        if not prompt:
+            raise bad_request("prompt is an empty list: send one prompt (a string)", "prompt")
         if len(prompt) != 1:
             raise bad_request("send one prompt per request (a list of several prompts is not supported)", "prompt")
         prompt = prompt[0]
