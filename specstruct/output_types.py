@@ -26,11 +26,14 @@ import json
 import re
 import typing
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Callable, Literal, get_args, get_origin
 
 from specstruct.errors import ConstraintError
 from specstruct.constraints.base import ConstraintSpec, Mode
+from specstruct.constraints.compiler import default_json_backend
 from specstruct.constraints.schema_check import relaxed
+from specstruct.constraints.schema_normalise import pydantic_patterns
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def _pydantic(t: Any) -> OutputSpec:
         schema = adapter.json_schema()
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {t!r}: Pydantic cannot describe it as JSON ({e}).") from e
-    source = relaxed(schema)
+    source = relaxed(schema) if default_json_backend() == "outlines" else pydantic_patterns(schema)
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
 
@@ -181,17 +184,19 @@ def _schema_dict(schema: dict) -> OutputSpec:
         raise ConstraintError(f"invalid JSON schema: {e.message} at {'/'.join(map(str, e.path)) or 'the root'}") from e
     except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth
         raise too_complex("the JSON schema", "max_schema_depth", "it nests too deeply to check") from e
-    validator = validator_cls(schema)
+    # Checked in decimals, as the grammar is: with floats, 0.3 is "not a multiple of 0.1" and could never pass.
+    validator = validator_cls(json.loads(json.dumps(schema), parse_float=Decimal))
 
     def parse(text: str) -> Any:
         value = json.loads(text)  # json.JSONDecodeError is a ValueError
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(json.loads(text, parse_float=Decimal)))
         if error is not None:
             where = "/".join(map(str, error.absolute_path)) or "the root"
             raise ValueError(f"JSON-schema validation failed at {where}: {error.message}")
         return value
 
-    return OutputSpec(ConstraintSpec("json", json.dumps(schema), "json"), schema, _json_instruction(schema),
+    source = schema if default_json_backend() == "outlines" else pydantic_patterns(schema, drop_unusable=False)
+    return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       parse, schema)
 
 

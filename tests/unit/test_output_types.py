@@ -6,9 +6,11 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import ipaddress
 import json
 import uuid
-from typing import Literal, Optional, TypedDict, Union
+from decimal import Decimal
+from typing import Annotated, Literal, Optional, TypedDict, Union
 
 import pydantic
 import pytest
@@ -104,17 +106,45 @@ class Order(BaseModel):
     batch: int = Field(multiple_of=5)
 
 
-def test_bounds_compile_where_a_regex_can_say_them_else_pydantic_checks_after(tok):
+def test_bounds_of_a_pydantic_model_are_guaranteed(tok):
     out = resolve(Order)
     constraint = compiled(tok, out)
     assert constraint.accepts('{"quantity": 3, "price": 9.5, "batch": 10}')
-    assert not constraint.accepts('{"quantity": 0, "price": 9.5, "batch": 10}')    # ge=1 is guaranteed
-    assert not constraint.accepts('{"quantity": 100, "price": 9.5, "batch": 10}')  # le=99 is guaranteed
-    assert not constraint.accepts('{"quantity": 3, "price": -1.0, "batch": 10}')   # ge=0 is guaranteed
-    assert "multipleOf" not in out.spec.source and out.json_schema["properties"]["batch"]["multipleOf"] == 5
-    assert constraint.accepts('{"quantity": 3, "price": 1.0, "batch": 7}')  # multiple_of: not a regex ...
-    with pytest.raises(pydantic.ValidationError):                          # ... Pydantic checks it
-        out.parse('{"quantity": 3, "price": 1.0, "batch": 7}')
+    assert not constraint.accepts('{"quantity": 0, "price": 9.5, "batch": 10}')    # ge=1
+    assert not constraint.accepts('{"quantity": 100, "price": 9.5, "batch": 10}')  # le=99
+    assert not constraint.accepts('{"quantity": 3, "price": -1.0, "batch": 10}')   # ge=0
+    assert not constraint.accepts('{"quantity": 3, "price": 1.0, "batch": 7}')     # multiple_of=5
+
+
+class Strict(BaseModel):
+    code: Annotated[str, pydantic.StringConstraints(pattern=r"^[A-Z]{2}$")]
+    p: float = Field(gt=0, lt=1)
+    ip: ipaddress.IPv4Address
+    amount: Decimal
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"code": "US", "p": 0.5, "ip": "10.0.0.1", "amount": "1.25"}', True),
+    ('{"code": "US", "p": 0.5, "ip": "10.0.0.1", "amount": 3}', True),
+    ('{"code": "USA", "p": 0.5, "ip": "10.0.0.1", "amount": "1"}', False),  # anchors kept (they were stripped,
+    ('{"code": "xUS", "p": 0.5, "ip": "10.0.0.1", "amount": "1"}', False),  # and llguidance's pattern searches)
+    ('{"code": "US", "p": 5, "ip": "10.0.0.1", "amount": "1"}', False),     # gt/lt on a float (were dropped)
+    ('{"code": "US", "p": 0, "ip": "10.0.0.1", "amount": "1"}', False),
+    ('{"code": "US", "p": 0.5, "ip": "hello", "amount": "1"}', False),      # format ipv4 (was dropped)
+    ('{"code": "US", "p": 0.5, "ip": "10.0.0.1", "amount": "."}', False),   # Decimal's pattern, look-ahead free
+])
+def test_what_a_pydantic_model_says_is_enforced_while_decoding_as_for_its_schema_dict(tok, text, ok):
+    """Found by probing: the Pydantic path still went through the outlines-era relaxation (anchors stripped,
+    unsupported formats and float bounds dropped) while the same schema as a dict was enforced."""
+    assert compiled(tok, resolve(Strict)).accepts(text) is ok
+    assert compiled(tok, resolve(Strict.model_json_schema())).accepts(text) is ok or '"."' in text
+
+
+def test_a_schema_dicts_multiple_of_is_checked_in_decimals():
+    out = resolve({"type": "number", "multipleOf": 0.1})
+    assert out.parse("0.3") == 0.3 and out.parse("0.7") == 0.7  # floats said 0.3 % 0.1 != 0: never valid
+    with pytest.raises(ValueError):
+        out.parse("0.35")
 
 
 def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
