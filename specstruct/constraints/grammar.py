@@ -86,6 +86,8 @@ class GrammarConstraint:
         return bool(self._stack) and self._stack[-1]
 
     def mask(self) -> torch.Tensor:
+        if not self._done() and self._m.is_error():  # stopped by a limit or a dead end: never a silent "stop"
+            raise _limit_error(self._m.get_error())
         if self._done() or self._m.is_stopped():
             bits = np.zeros(self.vocab_size, dtype=np.bool_)
         else:

@@ -108,3 +108,15 @@ def test_bad_parameters_raise_a_typed_error_naming_them(engine, params, words): 
 def test_typed_errors_are_value_errors_and_specstruct_errors():
     assert issubclass(ss.InvalidPromptError, ss.SpecStructError) and issubclass(ss.InvalidPromptError, ValueError)
     assert issubclass(ss.InvalidParameterError, ss.SpecStructError)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 0}])
+def test_a_grammar_that_dead_ends_raises_constraint_error_not_a_silent_stop(sampling):
+    """Found by probing: a rule with no base case made llguidance stop with an error, which the mask read as
+    'stopped' (EOS legal): greedy returned 'b' with finish_reason 'stop', sampling a raw torch error."""
+    from specstruct.testing import tiny_model
+
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=30))
+    with pytest.raises(ss.ConstraintError):
+        engine.run("hi", ss.Grammar('start: "b" x\nx: "a" x'), **sampling)
