@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 from .chunks import deadline
 from .results import Chunk, Result
 
-CONFIG_KEYS = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
+CONFIG_KEYS = ("max_new_tokens", "temperature", "top_p", "seed", "stop", "cache_salt")  # run()'s per-call keys
 
 
 class AsyncCalls:

@@ -156,7 +156,11 @@ class SpecStruct(AsyncCalls):
         self._kv_budget.check(len(ids), max_new_tokens)
         return ids
 
-    def _config(self, config: SpecConfig | None, **overrides: Any) -> SpecConfig:
+    def _config(self, config: SpecConfig | dict[str, Any] | None, **overrides: Any) -> SpecConfig:
+        if isinstance(config, dict):  # the keys of SpecConfig, as from_pretrained's decoding_params takes them
+            config = self.config.merged(**config)
+        elif config is not None and not isinstance(config, SpecConfig):
+            raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
         base = self.config if config is None else config
         return base.merged(**overrides)
 

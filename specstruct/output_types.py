@@ -42,6 +42,13 @@ class Regex:
 
     pattern: str
 
+    def __post_init__(self):
+        if isinstance(self.pattern, re.Pattern):  # re.compile(...) given: its pattern text
+            object.__setattr__(self, "pattern", self.pattern.pattern)
+        if not isinstance(self.pattern, str):
+            raise ConstraintError(f"ss.Regex takes the pattern as a str, got {type(self.pattern).__name__} "
+                                  f"({self.pattern!r:.60}).")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -50,7 +57,15 @@ class Choice:
     options: tuple[str, ...]
 
     def __init__(self, options: typing.Iterable[str]):
-        object.__setattr__(self, "options", tuple(str(o) for o in options))
+        if isinstance(options, (str, bytes)):
+            raise ConstraintError(f"ss.Choice takes a list of options, got the single string {options!r:.60}: "
+                                  f"write ss.Choice([{options!r:.60}]) for one option.")
+        options = tuple(options)
+        wrong = [o for o in options if not isinstance(o, str) and not isinstance(o, enum.Enum)]
+        if wrong:
+            raise ConstraintError(f"ss.Choice options are strings; got {wrong[0]!r:.60} "
+                                  f"({type(wrong[0]).__name__}): convert it with str() if you mean its text.")
+        object.__setattr__(self, "options", tuple(str(o.value if isinstance(o, enum.Enum) else o) for o in options))
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,11 @@ class Grammar:
 
     lark: str
     instruction: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.lark, str):
+            raise ConstraintError(f"ss.Grammar takes the Lark grammar as a str, got {type(self.lark).__name__} "
+                                  f"({self.lark!r:.60}).")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""Output types and call options given in a wrong but plausible shape get a clear error (or are read as meant),
+never a raw TypeError/AttributeError or a silent misreading. Found by probing the Python API."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+import specstruct as ss
+from specstruct.testing import tiny_model, tiny_tokenizer
+
+
+def test_regex_takes_a_compiled_pattern_and_refuses_non_strings():
+    assert ss.Regex(re.compile("a+")).pattern == "a+"
+    for bad in (b"a+", None, 5):
+        with pytest.raises(ss.ConstraintError, match="ss.Regex takes the pattern as a str"):
+            ss.Regex(bad)
+
+
+def test_grammar_refuses_non_strings():
+    for bad in (None, b'start: "a"'):
+        with pytest.raises(ss.ConstraintError, match="ss.Grammar takes the Lark grammar as a str"):
+            ss.Grammar(bad)
+
+
+def test_choice_refuses_a_bare_string_and_non_string_options():
+    with pytest.raises(ss.ConstraintError, match=r"ss.Choice\(\['yes'\]\)"):  # was ("y", "e", "s")
+        ss.Choice("yes")
+    with pytest.raises(ss.ConstraintError, match="None"):  # was the option "None"
+        ss.Choice(["a", None])
+    assert ss.Choice(("a", "b")).options == ("a", "b")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    tok = tiny_tokenizer()
+    return ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=8))
+
+
+def test_config_as_a_dict_of_specconfig_keys(engine):
+    assert engine.run("hi", config={"max_new_tokens": 3}).stats.new_tokens <= 3
+    with pytest.raises(TypeError, match="SpecConfig or a dict"):
+        engine.run("hi", config=5)
+
+
+def test_arun_takes_cache_salt_like_run(engine):
+    assert asyncio.run(engine.arun("hi", cache_salt="tenant-1", max_new_tokens=2)).text is not None
