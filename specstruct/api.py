@@ -149,9 +149,13 @@ class SpecStruct(AsyncCalls):
         ids = tok.encode(text, add_special_tokens=False)
         limit = self.runtime.max_length
         if limit and len(ids) + max_new_tokens > limit:
+            system = messages[0]["content"] if messages and messages[0].get("role") == "system" else ""
+            share = len(tok.encode(system, add_special_tokens=False)) if isinstance(system, str) and system else 0
+            where = (f" ({share} of them are the system message, which quotes the output type for the model: a "
+                     "long schema, option list or grammar; shorten it or the prompt)") if share > len(ids) // 2 else ""
             raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new_tokens}, but the model's context "
-                f"window is {limit} tokens: shorten the prompt or lower max_new_tokens"
+                f"the prompt has {len(ids)} tokens{where} and max_new_tokens is {max_new_tokens}, but the model's "
+                f"context window is {limit} tokens: shorten the prompt or lower max_new_tokens"
             )
         self._kv_budget.check(len(ids), max_new_tokens)
         return ids

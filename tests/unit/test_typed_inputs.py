@@ -47,3 +47,8 @@ def test_config_as_a_dict_of_specconfig_keys(engine):
 
 def test_arun_takes_cache_salt_like_run(engine):
     assert asyncio.run(engine.arun("hi", cache_salt="tenant-1", max_new_tokens=2)).text is not None
+
+
+def test_prompt_too_long_says_when_the_output_types_instruction_is_the_bulk(engine):
+    with pytest.raises(ss.PromptTooLongError, match="of them are the system message, which quotes the output type"):
+        engine.run("hi", ss.Choice([str(i) for i in range(2000)]))
