@@ -43,7 +43,7 @@ __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarCo
 
 _FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
 OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
-_NUL = re.compile(r"\x00|\\x00|\\x\{0+\}|\\0|\\u0000|\\U00000000")
+_NUL_ESCAPE = re.compile(r"\\(x00|x\{0+\}|0|u0000|U00000000)")
 JSON_BACKENDS = ("llguidance", "outlines")
 
 
@@ -134,13 +134,38 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
         return regex
     if spec.kind == "regex":
         regex = _whole_match(spec.source or "")
-        if _NUL.search(regex):
+        if spells_nul(regex):
             raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
                                   "of output); remove \\x00 from the pattern.")
         _check_regex_syntax(regex, spec)
         check_regex(regex, "the regex constraint")
         return regex
     raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
+
+
+def spells_nul(regex: str) -> bool:
+    """True when the regex can write a NUL: a NUL character or escape outside a negated class (`[^\\x00-\\x1f]+`
+    excludes NUL, so it is fine; an escaped backslash before `x00` is a backslash). Linear, no compiling: the
+    regex is still untrusted here."""
+    i, n, in_class, negated = 0, len(regex), False, False
+    while i < n:
+        c = regex[i]
+        if c == "\\":
+            m = _NUL_ESCAPE.match(regex, i)
+            if m and not (in_class and negated):
+                return True
+            i += 2
+            continue
+        if c == "\x00" and not (in_class and negated):
+            return True
+        if c == "[" and not in_class:
+            in_class, negated = True, regex.startswith("^", i + 1)
+            i += 2 + negated if regex.startswith("]", i + 1 + negated) else 1 + negated  # a leading ] is literal
+            continue
+        if c == "]" and in_class:
+            in_class = False
+        i += 1
+    return False
 
 
 def _whole_match(regex: str) -> str:

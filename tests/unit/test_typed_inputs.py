@@ -52,3 +52,13 @@ def test_arun_takes_cache_salt_like_run(engine):
 def test_prompt_too_long_says_when_the_output_types_instruction_is_the_bulk(engine):
     with pytest.raises(ss.PromptTooLongError, match="of them are the system message, which quotes the output type"):
         engine.run("hi", ss.Choice([str(i) for i in range(2000)]))
+
+
+@pytest.mark.parametrize("pattern, refused", [
+    (r"[^\x00-\x1f]+", False), (r"[^\x00]{1,5}", False), (r"C:\\0", False), (r"\\x00", False),  # cannot write NUL
+    (r"a\x00", True), ("a\x00", True), (r"[\x00-\x1f]", True), (r"\x{0}", True)])
+def test_a_regex_is_refused_for_nul_only_when_it_can_write_one(pattern, refused):
+    """Found by probing: any spelling of NUL was refused, even in the common 'no control characters' class."""
+    from specstruct.constraints.compiler import spells_nul
+
+    assert spells_nul(pattern) is refused
