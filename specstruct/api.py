@@ -17,7 +17,7 @@ from .constraints import Constraint, compile_constraint
 from .decoding.engine import Engine
 from .decoding.openmp import release_pool
 from .decoding.scheduler import DecoderFactory, Scheduler
-from .errors import IncompleteOutputError, PromptTooLongError, ValidationRetryError
+from .errors import IncompleteOutputError, InvalidPromptError, PromptTooLongError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
@@ -51,6 +51,10 @@ class SpecStruct(AsyncCalls):
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
                  draft_tokenizer=None, model_name: str | None = None,
                  batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None):
+        for name, value in (("model", model), ("draft_model", draft_model)):
+            if value is not None and not isinstance(value, torch.nn.Module):
+                raise TypeError(f"{name} must be a loaded transformers model (a torch.nn.Module), got "
+                                f"{type(value).__name__}: the arguments are SpecStruct(model, tokenizer, draft_model=None)")
         self.config = config or SpecConfig()
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -132,6 +136,8 @@ class SpecStruct(AsyncCalls):
 
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
         messages = check_prompt(prompt)
+        if system is not None and not isinstance(system, str):
+            raise InvalidPromptError(f"system= takes the system message as a str, got {type(system).__name__}")
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
         if instruction:
             if messages and messages[0].get("role") == "system":

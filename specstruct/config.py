@@ -29,6 +29,9 @@ DEFAULT_CAPS = {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "te
 MAX_CAP = 64  # a row's pass then stays well inside the measured row-invariance range (300 rows)
 
 
+SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (vLLM's rule)
+
+
 class SpecConfig(BaseModel):
     """Settings for one engine or one call. Unknown keys are an error, so a typo never goes unnoticed.
 
@@ -62,7 +65,7 @@ class SpecConfig(BaseModel):
 
     # decoding
     max_new_tokens: int = Field(512, ge=1)
-    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # 0 (or under SAMPLING_EPS): greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: list[str] = Field(default_factory=list)  # one string is taken as a list of one (as OpenAI and HF do)
@@ -89,6 +92,12 @@ class SpecConfig(BaseModel):
         if bad:
             raise ValueError(f"candidates per step must be whole numbers from 0 to {MAX_CAP}, got {bad}")
         return {**DEFAULT_CAPS, **value}
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_below_eps(cls, value: float) -> float:
+        # logits / 1e-39 overflow to inf and sampling fails on NaN: like vLLM, a temperature under 1e-5 is greedy
+        return 0.0 if value < SAMPLING_EPS else value
 
     @field_validator("stop", mode="before")
     @classmethod

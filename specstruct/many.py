@@ -17,6 +17,8 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
     raised and the prompts not yet started are skipped."""
     from tqdm.auto import tqdm
 
+    if isinstance(prompts, (str, dict)):
+        raise TypeError("generate_many takes a list of prompts; for one prompt call generate, or pass [prompt]")
     prompts = list(prompts)
     if not prompts:
         return []

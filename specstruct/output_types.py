@@ -176,7 +176,8 @@ def _pydantic(t: Any) -> OutputSpec:
         adapter = TypeAdapter(t_schema)
         schema = adapter.json_schema()
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
-        raise ConstraintError(f"unsupported output type {t!r}: Pydantic cannot describe it as JSON ({e}).") from e
+        raise ConstraintError(f"unsupported output type {_safe_repr(t)}: Pydantic cannot describe it as JSON "
+                              f"({_safe_repr(e)}).") from e
     source = relaxed(schema) if default_json_backend() == "outlines" else pydantic_patterns(schema)
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
@@ -191,12 +192,24 @@ def _as_extensions_typeddict(t: type) -> type:
     return te.TypedDict(t.__name__, fields)  # type: ignore[operator]
 
 
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[:300]
+    except RecursionError:  # a type nested hundreds deep
+        return f"<{type(value).__name__} nested too deeply to print>"
+
+
 def _schema_dict(schema: dict) -> OutputSpec:
     import jsonschema
 
     from specstruct.constraints.limits import check_schema, too_complex
 
     check_schema(schema)  # depth first (iteratively): jsonschema's own check recurses
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as e:  # object(), a set, NaN or Infinity somewhere in the dict
+        what = "NaN or Infinity" if isinstance(e, ValueError) else str(e)
+        raise ConstraintError(f"the JSON schema holds a value JSON cannot write ({what}); use plain JSON values") from e
     try:
         validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator_cls.check_schema(schema)

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specstruct.constraints.base import output_text
 from specstruct.constraints.token_table import TERMINATOR_ID, TokenTable
 
 _DONE = -1  # state after EOS: only EOS stays legal
@@ -118,7 +119,7 @@ class _Base:
     def accepts(self, text: str) -> bool:
         """Would `text`, tokenized as the engine tokenizes, complete the output from the current state?
         (A fresh constraint: from the start.) Walks a fork, so this constraint does not move."""
-        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False)
         probe = self.fork()
         return probe.advance(ids) == len(ids) and probe.is_final()
 

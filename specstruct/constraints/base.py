@@ -60,3 +60,11 @@ class Constraint(Protocol):
     def accepts(self, text: str) -> bool:
         """Tokenize `text` as the engine would, walk it through the automaton, and report whether it is complete."""
         ...
+
+
+def output_text(text: object) -> str:
+    """`text` for Constraint.accepts, or TypeError naming what was given (a value, bytes, None)."""
+    if not isinstance(text, str):
+        raise TypeError(f"accepts() takes the output text as a str, got {type(text).__name__}; for a value, "
+                        "pass json.dumps(value)")
+    return text

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specstruct.constraints.base import output_text
 from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
 from specstruct.errors import ConstraintError
 
@@ -142,6 +143,6 @@ class GrammarConstraint:
                                  list(self._stack))
 
     def accepts(self, text: str) -> bool:
-        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False)
         probe = self.fork()
         return probe.advance(ids) == len(ids) and probe.is_final()

@@ -62,3 +62,30 @@ def test_a_regex_is_refused_for_nul_only_when_it_can_write_one(pattern, refused)
     from specstruct.constraints.compiler import spells_nul
 
     assert spells_nul(pattern) is refused
+
+
+def test_smaller_wrong_inputs_get_errors_that_name_them(engine):
+    from typing import List
+
+    with pytest.raises(ss.InvalidPromptError, match="system= takes"):
+        engine.run("hi", system=5)
+    with pytest.raises(TypeError, match=r"SpecStruct\(model, tokenizer"):
+        ss.SpecStruct(engine.tokenizer, engine.model)  # swapped
+    with pytest.raises(TypeError, match="accepts\\(\\) takes the output text as a str"):
+        engine.constraint({"type": "object"}).accepts({"ok": True})
+    with pytest.raises(TypeError, match="list of prompts"):
+        engine.generate_many("abc")  # was three prompts: "a", "b", "c"
+    with pytest.raises(ss.ConstraintError, match="not JSON serializable"):
+        engine.constraint({"type": "string", "default": object()})
+    with pytest.raises(ss.ConstraintError, match="NaN or Infinity"):
+        engine.constraint({"type": "number", "maximum": float("nan")})
+    deep = int
+    for _ in range(200):
+        deep = List[deep]
+    with pytest.raises(ss.ConstraintError):  # was a RecursionError from printing the type
+        engine.constraint(deep)
+
+
+def test_a_temperature_too_small_to_sample_decodes_greedily(engine):
+    assert ss.SpecConfig(temperature=1e-39).temperature == 0.0  # logits / 1e-39 overflow: vLLM's 1e-5 rule
+    assert engine.run("hi", temperature=1e-39, max_new_tokens=3).text == engine.run("hi", max_new_tokens=3).text
