@@ -199,6 +199,19 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__} nested too deeply to print>"
 
 
+def _check_schema(validator_cls: Any, schema: dict) -> None:
+    """validator_cls.check_schema, except that a `pattern` is not checked with Python's `re` (the metaschema's
+    "regex" format): `\\p{Lu}` and other ECMA/Rust syntax Python lacks are valid, and the regex compiler that
+    enforces the pattern reports its own syntax errors."""
+    import jsonschema
+
+    checker = jsonschema.FormatChecker([f for f in validator_cls.FORMAT_CHECKER.checkers if f != "regex"])
+    error = jsonschema.exceptions.best_match(
+        validator_cls(validator_cls.META_SCHEMA, format_checker=checker).iter_errors(schema))
+    if error is not None:
+        raise jsonschema.SchemaError.create_from(error)
+
+
 def _schema_dict(schema: dict) -> OutputSpec:
     import jsonschema
 
@@ -212,7 +225,7 @@ def _schema_dict(schema: dict) -> OutputSpec:
         raise ConstraintError(f"the JSON schema holds a value JSON cannot write ({what}); use plain JSON values") from e
     try:
         validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        validator_cls.check_schema(schema)
+        _check_schema(validator_cls, schema)
     except jsonschema.SchemaError as e:
         raise ConstraintError(f"invalid JSON schema: {e.message} at {'/'.join(map(str, e.path)) or 'the root'}") from e
     except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth

@@ -89,3 +89,11 @@ def test_smaller_wrong_inputs_get_errors_that_name_them(engine):
 def test_a_temperature_too_small_to_sample_decodes_greedily(engine):
     assert ss.SpecConfig(temperature=1e-39).temperature == 0.0  # logits / 1e-39 overflow: vLLM's 1e-5 rule
     assert engine.run("hi", temperature=1e-39, max_new_tokens=3).text == engine.run("hi", max_new_tokens=3).text
+
+
+def test_a_schema_dict_pattern_in_ecma_syntax_python_lacks_is_valid(engine):
+    """jsonschema's metaschema check compiled `pattern` with Python's re, calling \\p{Lu} invalid."""
+    c = engine.constraint({"type": "string", "pattern": "^\\p{Lu}{2}$"})
+    assert c.accepts('"AB"') and not c.accepts('"ab"')
+    with pytest.raises(ss.ConstraintError, match="unclosed character class"):  # still told when it is wrong
+        engine.constraint({"type": "string", "pattern": "[a-"})
