@@ -26,7 +26,7 @@ import json
 import re
 import typing
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Literal, get_args, get_origin
 
 from specstruct.errors import ConstraintError
@@ -235,7 +235,11 @@ def _schema_dict(schema: dict) -> OutputSpec:
 
     def parse(text: str) -> Any:
         value = json.loads(text)  # json.JSONDecodeError is a ValueError
-        error = jsonschema.exceptions.best_match(validator.iter_errors(json.loads(text, parse_float=Decimal)))
+        try:
+            exact = json.loads(text, parse_float=Decimal)
+        except InvalidOperation:  # an exponent past what Decimal holds (1E4316701202...): the float reading
+            exact = value
+        error = jsonschema.exceptions.best_match(validator.iter_errors(exact))
         if error is not None:
             where = "/".join(map(str, error.absolute_path)) or "the root"
             raise ValueError(f"JSON-schema validation failed at {where}: {error.message}")

@@ -145,6 +145,7 @@ def test_a_schema_dicts_multiple_of_is_checked_in_decimals():
     assert out.parse("0.3") == 0.3 and out.parse("0.7") == 0.7  # floats said 0.3 % 0.1 != 0: never valid
     with pytest.raises(ValueError):
         out.parse("0.35")
+    assert resolve({"type": "number"}).parse("3E4316701202000089167843754892331") == float("inf")  # past Decimal
 
 
 def test_schema_dict_is_checked_with_jsonschema_and_strict_at_compile_time(tok):
