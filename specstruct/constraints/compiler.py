@@ -134,6 +134,11 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
         return regex
     if spec.kind == "regex":
         regex = _whole_match(spec.source or "")
+        at = inner_anchor(regex)
+        if at is not None:
+            raise ConstraintError(f"the regex has an anchor ({regex[at]!r} at character {at}) inside it; a regex "
+                                  "constraint always matches the whole output, so anchors are only allowed at its "
+                                  "very start and end: remove it (for example 'a$|b' -> 'a|b').")
         if spells_nul(regex):
             raise ConstraintError("a regex cannot match a NUL character (specstruct reserves NUL to mark the end "
                                   "of output); remove \\x00 from the pattern.")
@@ -143,21 +148,19 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
     raise ConstraintError(f"unknown constraint kind {spec.kind!r}; use json, regex, choice, grammar, code or text.")
 
 
-def spells_nul(regex: str) -> bool:
-    """True when the regex can write a NUL: a NUL character or escape outside a negated class (`[^\\x00-\\x1f]+`
-    excludes NUL, so it is fine; an escaped backslash before `x00` is a backslash). Linear, no compiling: the
-    regex is still untrusted here."""
+def _scan(regex: str):
+    """(index, atom, inside a class, that class negated) for each escape (`\\x00`, `\\$`: the backslash and what
+    follows) or character of a regex, left to right. Linear, no compiling: the regex is still untrusted here."""
     i, n, in_class, negated = 0, len(regex), False, False
     while i < n:
         c = regex[i]
         if c == "\\":
             m = _NUL_ESCAPE.match(regex, i)
-            if m and not (in_class and negated):
-                return True
+            atom = m.group(0) if m else regex[i:i + 2]
+            yield i, atom, in_class, negated
             i += 2
             continue
-        if c == "\x00" and not (in_class and negated):
-            return True
+        yield i, c, in_class, negated
         if c == "[" and not in_class:
             in_class, negated = True, regex.startswith("^", i + 1)
             i += 2 + negated if regex.startswith("]", i + 1 + negated) else 1 + negated  # a leading ] is literal
@@ -165,7 +168,18 @@ def spells_nul(regex: str) -> bool:
         if c == "]" and in_class:
             in_class = False
         i += 1
-    return False
+
+
+def spells_nul(regex: str) -> bool:
+    """True when the regex can write a NUL: a NUL character or escape outside a negated class (`[^\\x00-\\x1f]+`
+    excludes NUL, so it is fine; an escaped backslash before `x00` is a backslash)."""
+    return any((atom == "\x00" or _NUL_ESCAPE.fullmatch(atom)) and not (in_class and negated)
+               for _, atom, in_class, negated in _scan(regex))
+
+
+def inner_anchor(regex: str) -> int | None:
+    """The index of a `^` or `$` anchor (unescaped, outside a class) left in a whole-match regex, or None."""
+    return next((i for i, atom, in_class, _ in _scan(regex) if atom in "^$" and not in_class), None)
 
 
 def _whole_match(regex: str) -> str:

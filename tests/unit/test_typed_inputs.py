@@ -97,3 +97,10 @@ def test_a_schema_dict_pattern_in_ecma_syntax_python_lacks_is_valid(engine):
     assert c.accepts('"AB"') and not c.accepts('"ab"')
     with pytest.raises(ss.ConstraintError, match="unclosed character class"):  # still told when it is wrong
         engine.constraint({"type": "string", "pattern": "[a-"})
+
+
+def test_an_anchor_inside_a_regex_is_named(engine):
+    """'a$|b' used to be refused as 'admits no output (empty or unsatisfiable language)'."""
+    with pytest.raises(ss.ConstraintError, match=r"anchor \('\$' at character 1\)"):
+        engine.constraint(ss.Regex("a$|b"))
+    assert engine.constraint(ss.Regex(r"^\$[0-9]+$")).accepts("$12")  # end anchors and an escaped $ are fine
