@@ -43,6 +43,7 @@ __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarCo
 
 _FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
 OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
+_VERBOSE = re.compile(r"\(\?[a-zA-Z]*x[a-zA-Z]*\)")  # a leading flag group that turns on verbose mode
 _NUL_ESCAPE = re.compile(r"\\(x00|x\{0+\}|0|u0000|U00000000)")
 JSON_BACKENDS = ("llguidance", "outlines")
 
@@ -134,7 +135,10 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
         return regex
     if spec.kind == "regex":
         regex = _whole_match(spec.source or "")
-        at = inner_anchor(regex)
+        verbose = _VERBOSE.match(regex) is not None
+        if verbose:  # (?x) for the whole pattern: a trailing `# comment` must end before the wrapper's `)`
+            regex += "\n"
+        at = None if verbose else inner_anchor(regex)  # (a comment may mention ^ or $)
         if at is not None:
             raise ConstraintError(f"the regex has an anchor ({regex[at]!r} at character {at}) inside it; a regex "
                                   "constraint always matches the whole output, so anchors are only allowed at its "

@@ -104,3 +104,9 @@ def test_an_anchor_inside_a_regex_is_named(engine):
     with pytest.raises(ss.ConstraintError, match=r"anchor \('\$' at character 1\)"):
         engine.constraint(ss.Regex("a$|b"))
     assert engine.constraint(ss.Regex(r"^\$[0-9]+$")).accepts("$12")  # end anchors and an escaped $ are fine
+
+
+def test_a_verbose_regex_with_a_trailing_comment_compiles(engine):
+    """'(?x)ab # comment' was 'invalid regex': the comment swallowed the wrapper's closing parenthesis."""
+    c = engine.constraint(ss.Regex("(?x)ab # two letters, $ is fine in a comment"))
+    assert c.accepts("ab") and not c.accepts("ab\n")
