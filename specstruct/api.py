@@ -17,7 +17,7 @@ from .constraints import Constraint, compile_constraint
 from .decoding.engine import Engine
 from .decoding.openmp import release_pool
 from .decoding.scheduler import DecoderFactory, Scheduler
-from .errors import IncompleteOutputError, InvalidPromptError, PromptTooLongError, ValidationRetryError
+from .errors import IncompleteOutputError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
@@ -27,7 +27,7 @@ from .decoding.load_memory import trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_prompt
+from .inputs import check_models, check_prompt, check_system, too_long
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
@@ -51,10 +51,7 @@ class SpecStruct(AsyncCalls):
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
                  draft_tokenizer=None, model_name: str | None = None,
                  batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None):
-        for name, value in (("model", model), ("draft_model", draft_model)):
-            if value is not None and not isinstance(value, torch.nn.Module):
-                raise TypeError(f"{name} must be a loaded transformers model (a torch.nn.Module), got "
-                                f"{type(value).__name__}: the arguments are SpecStruct(model, tokenizer, draft_model=None)")
+        check_models(model, draft_model)
         self.config = config or SpecConfig()
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -107,9 +104,9 @@ class SpecStruct(AsyncCalls):
             draft_model, draft_tok = load(draft, device=device, dtype=dtype)
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      batch_config=batch_config)
-        del target, draft_model  # the engine keeps what it uses (an int8 copy of the draft): free the rest now
-        gc.collect()             # (a transformers model is a reference cycle) and give its heap back to the
-        trim_heap()              # system: 1 GB for the float32 0.5B draft
+        del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
+        gc.collect()             # cycle) now, and give its heap back to the system (1 GB for the 0.5B draft)
+        trim_heap()
         return engine
 
     # -- building blocks ----------------------------------------------------------------------------------------
@@ -136,8 +133,7 @@ class SpecStruct(AsyncCalls):
 
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
         messages = check_prompt(prompt)
-        if system is not None and not isinstance(system, str):
-            raise InvalidPromptError(f"system= takes the system message as a str, got {type(system).__name__}")
+        check_system(system)
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
         if instruction:
             if messages and messages[0].get("role") == "system":
@@ -155,24 +151,12 @@ class SpecStruct(AsyncCalls):
         ids = tok.encode(text, add_special_tokens=False)
         limit = self.runtime.max_length
         if limit and len(ids) + max_new_tokens > limit:
-            system = messages[0]["content"] if messages and messages[0].get("role") == "system" else ""
-            share = len(tok.encode(system, add_special_tokens=False)) if isinstance(system, str) and system else 0
-            where = (f" ({share} of them are the system message, which quotes the output type for the model: a "
-                     "long schema, option list or grammar; shorten it or the prompt)") if share > len(ids) // 2 else ""
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens{where} and max_new_tokens is {max_new_tokens}, but the model's "
-                f"context window is {limit} tokens: shorten the prompt or lower max_new_tokens"
-            )
+            raise too_long(messages, ids, tok, max_new_tokens, limit)
         self._kv_budget.check(len(ids), max_new_tokens)
         return ids
 
     def _config(self, config: SpecConfig | dict[str, Any] | None, **overrides: Any) -> SpecConfig:
-        if isinstance(config, dict):  # the keys of SpecConfig, as from_pretrained's decoding_params takes them
-            config = self.config.merged(**config)
-        elif config is not None and not isinstance(config, SpecConfig):
-            raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
-        base = self.config if config is None else config
-        return base.merged(**overrides)
+        return self.config.for_call(config, **overrides)
 
     def cache_info(self) -> dict[str, Any]:
         """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills; and

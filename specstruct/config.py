@@ -104,6 +104,15 @@ class SpecConfig(BaseModel):
     def _one_stop(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    def for_call(self, config: "SpecConfig | dict[str, Any] | None", **overrides: Any) -> "SpecConfig":
+        """The config of one call: `config` (a SpecConfig, or a dict of its keys over this one; None: this one)
+        with `overrides` merged."""
+        if isinstance(config, dict):  # the keys of SpecConfig, as from_pretrained's decoding_params takes them
+            config = self.merged(**config)
+        elif config is not None and not isinstance(config, SpecConfig):
+            raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
+        return (self if config is None else config).merged(**overrides)
+
     def merged(self, **overrides: Any) -> "SpecConfig":
         """A copy with the given keys replaced (None values are ignored). A bad value raises
         InvalidParameterError naming the key and the allowed range."""

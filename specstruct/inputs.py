@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specstruct.errors import InvalidPromptError
+from specstruct.errors import InvalidPromptError, PromptTooLongError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -49,3 +49,31 @@ def check_prompt(prompt: Any) -> list[dict[str, Any]]:
             _check_text(content, f"message {i}")
         messages.append(dict(m))
     return messages
+
+
+def check_system(system: Any) -> None:
+    if system is not None and not isinstance(system, str):
+        raise InvalidPromptError(f"system= takes the system message as a str, got {type(system).__name__}")
+
+
+def too_long(messages: list[dict[str, Any]], ids: list[int], tokenizer: Any, max_new_tokens: int,
+             limit: int) -> PromptTooLongError:
+    """The error for a prompt that leaves no room for max_new_tokens; it says when the system message (where the
+    output type is quoted for the model: a long schema, option list or grammar) is most of the prompt."""
+    system = messages[0]["content"] if messages and messages[0].get("role") == "system" else ""
+    share = len(tokenizer.encode(system, add_special_tokens=False)) if isinstance(system, str) and system else 0
+    where = (f" ({share} of them are the system message, which quotes the output type for the model: a long "
+             "schema, option list or grammar; shorten it or the prompt)") if share > len(ids) // 2 else ""
+    return PromptTooLongError(f"the prompt has {len(ids)} tokens{where} and max_new_tokens is {max_new_tokens}, but "
+                              f"the model's context window is {limit} tokens: shorten the prompt or lower "
+                              "max_new_tokens")
+
+
+def check_models(model: Any, draft_model: Any) -> None:
+    """TypeError unless both are loaded models (torch modules): a tokenizer in the model's place is a common slip."""
+    import torch
+
+    for name, value in (("model", model), ("draft_model", draft_model)):
+        if value is not None and not isinstance(value, torch.nn.Module):
+            raise TypeError(f"{name} must be a loaded transformers model (a torch.nn.Module), got "
+                            f"{type(value).__name__}: the arguments are SpecStruct(model, tokenizer, draft_model=None)")

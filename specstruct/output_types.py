@@ -33,7 +33,7 @@ from specstruct.errors import ConstraintError
 from specstruct.constraints.base import ConstraintSpec, Mode
 from specstruct.constraints.compiler import default_json_backend
 from specstruct.constraints.schema_check import relaxed
-from specstruct.constraints.schema_normalise import pydantic_patterns
+from specstruct.constraints.llguidance_schema import llguidance_source
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _pydantic(t: Any) -> OutputSpec:
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {_safe_repr(t)}: Pydantic cannot describe it as JSON "
                               f"({_safe_repr(e)}).") from e
-    source = relaxed(schema) if default_json_backend() == "outlines" else pydantic_patterns(schema)
+    source = relaxed(schema) if default_json_backend() == "outlines" else llguidance_source(schema)
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
 
@@ -245,7 +245,7 @@ def _schema_dict(schema: dict) -> OutputSpec:
             raise ValueError(f"JSON-schema validation failed at {where}: {error.message}")
         return value
 
-    source = schema if default_json_backend() == "outlines" else pydantic_patterns(schema, drop_unusable=False)
+    source = schema if default_json_backend() == "outlines" else llguidance_source(schema, from_pydantic=False)
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       parse, schema)
 

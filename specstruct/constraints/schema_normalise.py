@@ -77,38 +77,6 @@ def relaxed(schema: dict) -> dict:
     return _relax(normalise(schema))
 
 
-# Pydantic's Decimal-as-string pattern (a look-ahead: "not only signs and dots") and the same language without one.
-DECIMAL_PATTERN = r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$"
-DECIMAL_EQUIVALENT = r"^[+-]?(\d+\.?\d*|\.\d+)$"
-
-
-def pydantic_patterns(schema: Any, drop_unusable: bool = True) -> Any:
-    """A schema as the llguidance backend compiles it: everything kept (anchors, bounds, formats: llguidance
-    enforces them), but Pydantic's Decimal pattern becomes the same language without a look-ahead, and (for a
-    Pydantic type, `drop_unusable`) any other pattern llguidance cannot compile is dropped, and so is `uniqueItems`
-    (a `set` field: Pydantic merges duplicates), since the type's validator checks them after generation (and the
-    API retries). A schema dict keeps them, and is refused."""
-    if isinstance(schema, list):
-        return [pydantic_patterns(v, drop_unusable) for v in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: (v if k in ("enum", "const", "default", "examples") else pydantic_patterns(v, drop_unusable))
-           for k, v in schema.items() if not (drop_unusable and k == "uniqueItems" and isinstance(v, bool))}
-    pattern = out.get("pattern")
-    if isinstance(pattern, str):
-        if pattern == DECIMAL_PATTERN:
-            out["pattern"] = DECIMAL_EQUIVALENT
-        elif drop_unusable and not _compiles(pattern):
-            del out["pattern"]
-    return out
-
-
-def _compiles(pattern: str) -> bool:
-    from llguidance import LLMatcher
-
-    return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern))
-
-
 def _relax(node: Any) -> Any:
 
     if isinstance(node, list):

@@ -1,0 +1,37 @@
+"""A schema as the default (llguidance) backend compiles it, from a Pydantic type or a dict: nothing relaxed but
+what llguidance cannot compile. (schema_normalise.relaxed is the outlines_core backend's counterpart.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Pydantic's Decimal-as-string pattern (a look-ahead: "not only signs and dots") and the same language without one.
+DECIMAL_PATTERN = r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$"
+DECIMAL_EQUIVALENT = r"^[+-]?(\d+\.?\d*|\.\d+)$"
+
+
+def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
+    """A schema as the llguidance backend compiles it: everything kept (anchors, bounds, formats: llguidance
+    enforces them), but Pydantic's Decimal pattern becomes the same language without a look-ahead, and (for a
+    Pydantic type, `from_pydantic`) any other pattern llguidance cannot compile is dropped, and so is `uniqueItems`
+    (a `set` field: Pydantic merges duplicates), since the type's validator checks them after generation (and the
+    API retries). A schema dict keeps them, and is refused."""
+    if isinstance(schema, list):
+        return [llguidance_source(v, from_pydantic) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("enum", "const", "default", "examples") else llguidance_source(v, from_pydantic))
+           for k, v in schema.items() if not (from_pydantic and k == "uniqueItems" and isinstance(v, bool))}
+    pattern = out.get("pattern")
+    if isinstance(pattern, str):
+        if pattern == DECIMAL_PATTERN:
+            out["pattern"] = DECIMAL_EQUIVALENT
+        elif from_pydantic and not _compiles(pattern):
+            del out["pattern"]
+    return out
+
+
+def _compiles(pattern: str) -> bool:
+    from llguidance import LLMatcher
+
+    return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern))
