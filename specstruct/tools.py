@@ -48,6 +48,14 @@ def _written_arguments(raw: str) -> str:
     return raw[:end]
 
 
+def _held_back(text: str) -> int:
+    """How many characters at the end of streamed text to hold back: a partial `<tool_call>` and the whitespace
+    before it (text before a call ends stripped, as parse_tool_calls gives it)."""
+    tail = next((k for k in range(min(len(text), len(OPEN) - 1), 0, -1) if OPEN.startswith(text[-k:])), 0)
+    rest = text[:len(text) - tail]
+    return tail + len(rest) - len(rest.rstrip())
+
+
 def _rust_escape(ch: str) -> str:
     """Escape one character for a Rust `regex` character class or literal."""
     return "\\" + ch if ch in "\\.+*?()|[]{}^$#&-~/" else ch
@@ -128,24 +136,30 @@ def tool_grammar(
     - "auto": free text that starts with neither `<tool_call>` nor a ```json fence, or one or more
       `<tool_call>` blocks, or one fenced JSON call;
     - "any"/"required"/a name: one or more `<tool_call>` blocks (of the named tool only, for a name);
-    - "none": free text that does not start with `<tool_call>`.
+    - "none": free text.
+    Free text never contains `<tool_call>` (a call in it would be unchecked); with `<tool_call>` as a special
+    token, "auto" also allows text before the calls.
     `parallel=False` allows a single call. `tokenizer` decides whether the markers are special tokens.
     A newline may follow the last call (Qwen2.5 writes one before EOS; without it, it is forced into
     another call).
     """
     allowed, mode = select_tools(tools, tool_choice)
+    no_call = f" & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"  # free text never holds a call marker (an unchecked call)
     if mode == "none" or not allowed:
-        return f"start: TEXT\nTEXT: /{not_prefixed_by(OPEN)}/\n"
+        return f"start: TEXT\nTEXT: /{not_prefixed_by(OPEN)}/{no_call}\n"
     special = special_markers(tokenizer) if tokenizer is not None else set()
+    # With the marker as one special token, text may come before the calls (Qwen writes "Let me check.\n" first):
+    # the token ends the text unambiguously. Spelled out in characters, text then calls cannot be lexed apart.
     lines = [
-        "start: " + ("TEXT | calls | fenced" if mode == "auto" else "calls"),
+        "start: " + (("TEXT | TEXT? calls | fenced" if OPEN in special else "TEXT | calls | fenced")
+                     if mode == "auto" else "calls"),
         'calls: call ("\\n" call)* "\\n"?' if parallel else 'calls: call "\\n"?',
         f'call: {_marker(OPEN, special)} "\\n" body "\\n" {_marker(CLOSE, special)}',
         "body: %json " + json.dumps(call_schema(allowed)),
     ]
     if mode == "auto":
         lines += [f"fenced: {json.dumps(FENCE_OPEN)} body {json.dumps(FENCE_CLOSE)} \"\\n\"?",
-                  f"TEXT: /{not_prefixed_by(OPEN, FENCE_OPEN)}/"]
+                  f"TEXT: /{not_prefixed_by(OPEN, FENCE_OPEN)}/{no_call}"]
     return "\n".join(lines) + "\n"
 
 
@@ -211,7 +225,12 @@ class ToolCallStreamer:
             else:
                 self.mode = "text"
         if self.mode == "text":
-            out, self.buffer = self.buffer, ""
+            at = self.buffer.find(OPEN)
+            if at >= 0:  # calls after text (the grammar allows it where the marker is one special token)
+                out, self.buffer, self.mode = self.buffer[:at].rstrip(), self.buffer[at:], "tags"
+                return out, self._drain()
+            keep = _held_back(self.buffer)
+            out, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
             return out, []
         return "", self._drain() if self.mode == "tags" else []
 

@@ -135,7 +135,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             import specstruct as ss
 
             output_type = ss.Grammar(tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
-                                                  parallel=kwargs.get("parallel_tool_calls") is not False))
+                                                  parallel=kwargs.get("parallel_tool_calls") is not False),
+                                     instruction="")  # the chat template describes the tools; never the grammar
         run_kwargs = self._run_kwargs(engine, stop if output_type is None else None, kwargs)
         if output_type is not None:
             run_kwargs["stop"] = None  # stop strings would cut a constrained reply short

@@ -235,3 +235,15 @@ def test_pydantic_v1_schema_goes_as_json_schema_and_returns_an_instance(model):
 
     out = model.with_structured_output(LightV1).invoke(PROMPT)
     assert isinstance(out, LightV1)
+
+
+def test_bound_tools_add_no_grammar_to_the_prompt(engine):
+    """Found by probing: every tools call quoted the Lark grammar in the system prompt (17 -> 725 prompt tokens on
+    the tiny model); the chat template already describes the tools, as the OpenAI server relies on."""
+    model = ChatSpecStruct(engine=engine, max_tokens=2)
+    plain = model.invoke("x").usage_metadata["input_tokens"]
+    with_tools = model.bind_tools([set_mood], tool_choice="none").invoke("x")
+    rendered = engine.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                                    tools=[convert_to_openai_tool(set_mood)], add_generation_prompt=True)
+    assert with_tools.usage_metadata["input_tokens"] == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
+    assert plain <= with_tools.usage_metadata["input_tokens"]  # (this tiny template does not render tools)

@@ -272,3 +272,44 @@ def test_a_cut_call_keeps_its_name_and_the_arguments_written_so_far():
         assert streamer.feed(text) == ("", [])
         _, calls = streamer.cut()
         assert [(c["name"], c["arguments"]) for c in calls] == ([expected] if expected else []), text
+
+
+def test_free_text_never_holds_a_call_marker(lltok):
+    """Found by probing: text first, then a `<tool_call>` block, passed the grammar (the text branch only checked
+    how the reply starts) and was parsed into an unchecked call: an unbound tool, wrong arguments, or a call under
+    tool_choice "none"."""
+    for choice in ("auto", "none"):
+        g = tool_grammar(TOOLS, choice)
+        assert not accepts(lltok, g, "Let me check.\n" + call("launch_rocket", {"target": "moon"}))
+        assert not accepts(lltok, g, "a <tool_call> b")
+        assert accepts(lltok, g, "a <tool_ b")
+
+
+def test_with_the_marker_as_a_special_token_text_may_come_before_checked_calls():
+    tok = marker_tokenizer()
+    lltok = llguidance.hf.from_tokenizer(tok)
+    g = tool_grammar(TOOLS, "auto", tok)
+
+    def ok(text):
+        ids = tok.encode(text, add_special_tokens=False)
+        matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(g))
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    assert ok("Let me check.\n" + call("add", {"a": 1, "b": 2}))
+    assert not ok("Let me check.\n" + call("add", {"a": "x", "b": 2}))  # the call is still checked
+    assert not ok("Let me check.\n" + call("sub", {"a": 1, "b": 2}))
+
+
+def test_streamed_text_then_a_call_gives_what_invoke_gives():
+    from specstruct.tools import ToolCallStreamer, parse_tool_calls
+
+    text = 'Let me check.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    streamer, out, calls = ToolCallStreamer(), [], []
+    for i in range(0, len(text), 3):
+        o, c = streamer.feed(text[i:i + 3])
+        out.append(o)
+        calls += c
+    o, c = streamer.finish()
+    content, parsed = parse_tool_calls(text)
+    assert "".join(out) + o == content == "Let me check."
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [(p["name"], p["arguments"]) for p in parsed]
