@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -19,6 +20,18 @@ DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 # Keys of specstruct.SpecConfig that a model object (or a call, through `bind`/`invoke` kwargs) may set.
 SPEC_KEYS = ("enable_speculative", "initial_candidates", "adaptive_threshold", "max_retries", "max_candidates",
              "use_forced_text", "use_prompt_lookup", "use_draft_model")
+
+
+def _max_tokens_aliases(values: dict[str, Any]) -> dict[str, Any]:
+    """`max_completion_tokens` (OpenAI's newer name) and `max_new_tokens` (specstruct's and transformers') mean
+    `max_tokens` here, as ChatOpenAI takes `max_completion_tokens`."""
+    alias = next((values[k] for k in ("max_completion_tokens", "max_new_tokens") if values.get(k) is not None), None)
+    if alias is None:
+        return values
+    out = {k: v for k, v in values.items() if k not in ("max_completion_tokens", "max_new_tokens")}
+    if out.get("max_tokens") is None:
+        out["max_tokens"] = alias
+    return out
 
 
 class SpecStructParams(BaseModel):
@@ -42,6 +55,8 @@ class SpecStructParams(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    timeout: float | None = None
+    """Seconds a call may take, queue and decoding together (specstruct's `timeout=`); then RequestTimeoutError."""
     streaming: bool = False
     """If True, `invoke` streams internally (callbacks see every token)."""
     enable_speculative: bool | None = None
@@ -62,6 +77,13 @@ class SpecStructParams(BaseModel):
             values["engine"] = values.pop("model")
         if isinstance(values, dict) and values.get("engine") is not None and "model" not in values:
             values = {**values, "model": engine_name(values["engine"], "specstruct-engine")}
+        if isinstance(values, dict):
+            values = _max_tokens_aliases(values)
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias} | {"api_key"}
+            unknown = sorted(k for k in values if k not in known)
+            if unknown:  # ChatOpenAI warns too; silently dropping e.g. model_kwargs={"max_tokens": 2} misleads
+                warnings.warn(f"{cls.__name__} ignores {unknown}: not parameters of this model (see its fields: "
+                              "max_tokens, temperature, top_p, seed, stop, ...)", UserWarning, stacklevel=4)
         return values
 
     # -- engine and per-call settings -------------------------------------------------------------
@@ -85,6 +107,7 @@ class SpecStructParams(BaseModel):
 
     def _run_kwargs(self, engine: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for `engine.run`/`engine.stream` from fields, per-call kwargs and `stop`."""
+        kwargs = _max_tokens_aliases(kwargs)
         pick = lambda k: kwargs[k] if kwargs.get(k) is not None else getattr(self, k)  # noqa: E731
         return {
             "max_new_tokens": pick("max_tokens"),
@@ -92,6 +115,7 @@ class SpecStructParams(BaseModel):
             "top_p": pick("top_p"),
             "seed": pick("seed"),
             "stop": (stop if stop is not None else self.stop) or None,
+            "timeout": pick("timeout"),
             "config": self._spec_config(engine, kwargs),
         }
 

@@ -4,9 +4,11 @@ Qwen's `<tool_call>` format) with its plain call dicts turned into LangChain `To
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from langchain_core.messages.tool import ToolCall, ToolCallChunk, tool_call, tool_call_chunk
+from langchain_core.messages.tool import (InvalidToolCall, ToolCall, ToolCallChunk, invalid_tool_call, tool_call,
+                                          tool_call_chunk)
 
 from specstruct import tools as _core
 from specstruct.tools import (  # noqa: F401 - re-exported for the chat model and the tests
@@ -39,3 +41,20 @@ class ToolCallStreamer(_core.ToolCallStreamer):
     def _chunk(self, call: dict[str, Any]) -> ToolCallChunk:
         """A LangChain ToolCall (`args`) or a core call (`arguments`) as the next chunk."""
         return self.add_call({"name": call["name"], "arguments": call.get("args", call.get("arguments")) or {}})
+
+
+CUT = "max_tokens ran out before this call was complete; its arguments are as far as they were written"
+
+
+def cut_reply(text: str) -> tuple[str, list[ToolCall], list[InvalidToolCall]] | None:
+    """A reply cut by max_tokens inside its tool calls, as ChatOpenAI reports one: (text before the calls, the
+    complete calls, the cut call in `invalid_tool_calls` with its arguments as written). None when the cut came
+    in free text (no call was open)."""
+    streamer = _core.ToolCallStreamer()
+    content, done = streamer.feed(text)
+    if streamer.mode != "tags":
+        return None
+    rest, cut = streamer.cut()
+    calls = [tool_call(name=c["name"], args=json.loads(c["arguments"]), id=c["id"]) for c in done]
+    invalid = [invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=CUT) for c in cut]
+    return content + rest, calls, invalid

@@ -22,6 +22,7 @@ from langchain_specstruct._structured import structured_runnable
 from langchain_specstruct._tools import (
     ToolCallStreamer,
     call_schema,
+    cut_reply,
     parse_tool_calls,
     select_tools,
     special_markers,
@@ -199,14 +200,19 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                          usage_metadata=usage_metadata(stats) if stats is not None else None)
 
     def _truncated_text(self, req: _Request, err: IncompleteOutputError) -> AIMessage:
-        """With tools bound, a *text* reply cut by max_tokens is an ordinary "length" finish (the grammar only
-        objects because the cut may split a character); a cut inside a tool call is a real error."""
-        probe = ToolCallStreamer()
-        probe.feed(err.text)
-        if not req.tools or req.output_type is None or probe.mode != "text":
+        """With tools bound, a reply cut by max_tokens is a "length" finish, as ChatOpenAI reports it: cut text is
+        the content, a cut call goes to `invalid_tool_calls` with its arguments as far as written."""
+        if not req.tools or req.output_type is None:
             raise err
         meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": "length"}
-        return AIMessage(content=err.text, response_metadata=meta)
+        usage = usage_metadata(err.stats) if err.stats is not None else None
+        text = self._reply_text(req, err) if err.token_ids else err.text
+        cut = cut_reply(text)
+        if cut is None:  # free text
+            return AIMessage(content=text, response_metadata=meta, usage_metadata=usage)
+        content, calls, invalid = cut
+        return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid, response_metadata=meta,
+                         usage_metadata=usage)
 
     def _stream(
         self,
@@ -231,9 +237,10 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             truncated = self._truncated_text(req, err)
         except ValidationRetryError as err:  # the text was streamed already; the parser reports the error
             truncated = self._failed_validation(req, err)
-        if truncated is not None:
-            last = AIMessageChunk(content=streamer.finish()[0] if streamer else "", chunk_position="last",
-                                  response_metadata=truncated.response_metadata)
+        if truncated is not None:  # a cut call goes out as its chunk: merged, it lands in invalid_tool_calls
+            tail, late = (streamer.cut() if streamer.mode == "tags" else streamer.finish()) if streamer else ("", [])
+            last = AIMessageChunk(content=tail, tool_call_chunks=late, chunk_position="last",
+                                  usage_metadata=truncated.usage_metadata, response_metadata=truncated.response_metadata)
             yield ChatGenerationChunk(message=last)
             return
         if result is None:

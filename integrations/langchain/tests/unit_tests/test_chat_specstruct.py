@@ -174,3 +174,23 @@ def test_per_call_model_override_loads_that_model(monkeypatch, engine):
     assert loads == [("other/model", None)]  # the base model's draft is not paired with another target
     assert msg.response_metadata["model_name"] == "other/model"
     assert base._get_ls_params(model="other/model")["ls_model_name"] == "other/model"
+
+
+def test_max_tokens_aliases_and_unknown_parameters_are_not_silently_dropped():
+    """Found by probing: max_new_tokens (specstruct's own name) and max_completion_tokens (OpenAI's) were ignored
+    without a word, and so was model_kwargs; ChatOpenAI honours the alias and warns about unknown keys."""
+    import warnings
+
+    from specstruct.testing import scripted_engine
+
+    engine = scripted_engine("Hello there friend, this is long.")
+    assert ChatSpecStruct(engine=engine).invoke("x", max_new_tokens=2).usage_metadata["output_tokens"] == 2
+    for alias in ("max_new_tokens", "max_completion_tokens"):
+        assert ChatSpecStruct(engine=engine, **{alias: 2}).invoke("x").usage_metadata["output_tokens"] == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ChatSpecStruct(engine=engine, model_kwargs={"max_tokens": 2})
+        ChatSpecStruct(engine=engine, temperature=0.1, tags=["a"])  # known keys: no warning
+    assert [str(w.message) for w in caught if "ignores" in str(w.message)] == [
+        w for w in [str(c.message) for c in caught] if "model_kwargs" in w]
+    assert len([w for w in caught if "ignores" in str(w.message)]) == 1

@@ -247,3 +247,26 @@ def test_bound_tools_add_no_grammar_to_the_prompt(engine):
                                                     tools=[convert_to_openai_tool(set_mood)], add_generation_prompt=True)
     assert with_tools.usage_metadata["input_tokens"] == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
     assert plain <= with_tools.usage_metadata["input_tokens"]  # (this tiny template does not render tools)
+
+
+@pytest.mark.parametrize("choice", ["auto", "any"])
+def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call_not_an_exception(choice):
+    """Found by probing: this raised IncompleteOutputError; ChatOpenAI returns finish_reason "length" with the cut
+    call in invalid_tool_calls (and an agent loop sees it instead of crashing)."""
+    from specstruct.testing import scripted_engine
+
+    text = '<tool_call>\n{"name": "set_mood", "arguments": {"happy": true}}\n</tool_call>'
+    engine = scripted_engine(text)
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    cut = next(n for n in range(len(ids)) if "tr" in engine.tokenizer.decode(ids[:n]))  # inside the arguments
+    model = ChatSpecStruct(engine=engine, max_tokens=cut)
+    msg = model.bind_tools([set_mood], tool_choice=choice).invoke("x")
+    assert msg.response_metadata["finish_reason"] == "length" and not msg.tool_calls
+    [bad] = msg.invalid_tool_calls
+    assert bad["name"] == "set_mood" and bad["args"].startswith('{"happy"') and "max_tokens" in bad["error"]
+    assert msg.usage_metadata["output_tokens"] > 0
+    merged = None
+    for chunk in model.bind_tools([set_mood], tool_choice=choice).stream("x"):
+        merged = chunk if merged is None else merged + chunk
+    assert merged.response_metadata["finish_reason"] == "length"
+    assert [c["name"] for c in merged.tool_calls + merged.invalid_tool_calls] == ["set_mood"]
