@@ -53,8 +53,8 @@ def content_text(content: str | list[Any]) -> str:
 
 
 def role_of(message: BaseMessage) -> str:
-    if isinstance(message, ChatMessage):
-        return message.role
+    if isinstance(message, ChatMessage):  # OpenAI's "developer" is the system role of newer models
+        return "system" if message.role == "developer" else message.role
     for cls, role in _ROLES.items():
         if isinstance(message, cls):
             return role

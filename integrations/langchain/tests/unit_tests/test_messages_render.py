@@ -78,10 +78,11 @@ def test_list_content_keeps_text_and_drops_provider_tool_blocks():
 
 def test_roles_and_tool_ids():
     out = to_chat_messages([ChatMessage(role="developer", content="d"), ToolMessage("r", tool_call_id="t1", name="f")])
-    assert out == [{"role": "developer", "content": "d"},
+    assert out == [{"role": "system", "content": "d"},  # OpenAI's developer role (specstruct has no such role)
                    {"role": "tool", "content": "r", "tool_call_id": "t1", "name": "f"}]
 
 
 def test_non_text_content_is_refused_with_advice():
     with pytest.raises(ValueError, match="text only"):
         content_text([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])
+
