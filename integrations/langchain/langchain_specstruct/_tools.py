@@ -43,7 +43,8 @@ class ToolCallStreamer(_core.ToolCallStreamer):
         return self.add_call({"name": call["name"], "arguments": call.get("args", call.get("arguments")) or {}})
 
 
-CUT = "max_tokens ran out before this call was complete; its arguments are as far as they were written"
+CUT = "the reply was cut (max_tokens, or a stop string) before this call was complete; its arguments are as far as " \
+      "they were written"
 
 
 def cut_reply(text: str) -> tuple[str, list[ToolCall], list[InvalidToolCall]] | None:

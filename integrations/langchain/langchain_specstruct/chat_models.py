@@ -138,9 +138,10 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             output_type = ss.Grammar(tool_grammar(tools, kwargs.get("tool_choice"), engine.tokenizer,
                                                   parallel=kwargs.get("parallel_tool_calls") is not False),
                                      instruction="")  # the chat template describes the tools; never the grammar
-        run_kwargs = self._run_kwargs(engine, stop if output_type is None else None, kwargs)
-        if output_type is not None:
-            run_kwargs["stop"] = None  # stop strings would cut a constrained reply short
+        run_kwargs = self._run_kwargs(engine, stop if output_type is None or tools else None, kwargs)
+        if output_type is not None and not tools:
+            run_kwargs["stop"] = None  # stop strings would cut a structured reply short
+        # (with tools they apply, as ChatOpenAI's do: a text reply ends there; a call they cut is reported cut)
         if tools:
             run_kwargs["tools"] = tools
         return _Request(engine, to_chat_messages(messages), output_type, run_kwargs, tools or None,
@@ -204,7 +205,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         the content, a cut call goes to `invalid_tool_calls` with its arguments as far as written."""
         if not req.tools or req.output_type is None:
             raise err
-        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": "length"}
+        finish = "stop" if "stop string" in str(err) else "length"  # what cut it: a stop string, or max_tokens
+        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": finish}
         usage = usage_metadata(err.stats) if err.stats is not None else None
         text = self._reply_text(req, err) if err.token_ids else err.text
         cut = cut_reply(text)

@@ -270,3 +270,13 @@ def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call_not_an_exception(choic
         merged = chunk if merged is None else merged + chunk
     assert merged.response_metadata["finish_reason"] == "length"
     assert [c["name"] for c in merged.tool_calls + merged.invalid_tool_calls] == ["set_mood"]
+
+
+def test_stop_strings_apply_with_tools_bound():
+    """Found by probing: with tools bound, stop was dropped even for a plain-text reply (ChatOpenAI applies it)."""
+    from specstruct.testing import scripted_engine
+
+    model = ChatSpecStruct(engine=scripted_engine("Hello there friend."), max_tokens=50).bind_tools([set_mood])
+    msg = model.invoke("x", stop=["there"])
+    assert msg.content == "Hello " and msg.response_metadata["finish_reason"] == "stop"
+    assert "".join(c.content for c in model.stream("x", stop=["there"])) == "Hello "
