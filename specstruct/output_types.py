@@ -199,6 +199,11 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__} nested too deeply to print>"
 
 
+# jsonschema's metaschema check has no time bound; above this size it is skipped (the compile, which is bounded,
+# still refuses what it cannot read), so a schema just under max_schema_bytes cannot hold a call for a minute.
+METASCHEMA_CHECK_BYTES = 256 << 10
+
+
 def _check_schema(validator_cls: Any, schema: dict) -> None:
     """validator_cls.check_schema, except that a `pattern` is not checked with Python's `re` (the metaschema's
     "regex" format): `\\p{Lu}` and other ECMA/Rust syntax Python lacks are valid, and the regex compiler that
@@ -215,17 +220,20 @@ def _check_schema(validator_cls: Any, schema: dict) -> None:
 def _schema_dict(schema: dict) -> OutputSpec:
     import jsonschema
 
-    from specstruct.constraints.limits import check_schema, too_complex
+    from specstruct.constraints.limits import check_schema, limits, too_complex
 
     check_schema(schema)  # depth first (iteratively): jsonschema's own check recurses
     try:
-        json.dumps(schema, allow_nan=False)
+        size = len(json.dumps(schema, allow_nan=False).encode())
     except (TypeError, ValueError) as e:  # object(), a set, NaN or Infinity somewhere in the dict
         what = "NaN or Infinity" if isinstance(e, ValueError) else str(e)
         raise ConstraintError(f"the JSON schema holds a value JSON cannot write ({what}); use plain JSON values") from e
+    if size > limits().max_schema_bytes:  # before jsonschema's own check, which takes ~6 s per MB of such schema
+        raise too_complex("the JSON schema", "max_schema_bytes", f"{size} bytes of schema text")
     try:
         validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        _check_schema(validator_cls, schema)
+        if size <= METASCHEMA_CHECK_BYTES:  # (the largest corpus schema, 63 KB, checks in 0.1 s)
+            _check_schema(validator_cls, schema)
     except jsonschema.SchemaError as e:
         raise ConstraintError(f"invalid JSON schema: {e.message} at {'/'.join(map(str, e.path)) or 'the root'}") from e
     except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth

@@ -110,3 +110,21 @@ def test_a_verbose_regex_with_a_trailing_comment_compiles(engine):
     """'(?x)ab # comment' was 'invalid regex': the comment swallowed the wrapper's closing parenthesis."""
     c = engine.constraint(ss.Regex("(?x)ab # two letters, $ is fine in a comment"))
     assert c.accepts("ab") and not c.accepts("ab\n")
+
+
+def test_a_huge_schema_is_refused_by_size_before_any_unbounded_check(engine, monkeypatch):
+    """Found by probing: a 10.7 MB schema spent a minute in jsonschema's metaschema check (no time bound) before
+    max_schema_bytes refused it; now the size comes first, and schemas over 256 KB skip that check."""
+    from specstruct import output_types
+
+    checked = []
+    monkeypatch.setattr(output_types, "_check_schema", lambda cls, schema: checked.append(1))
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(300_000)}}
+    with pytest.raises(ss.ConstraintError, match="max_schema_bytes"):
+        engine.constraint(huge)
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}  # ~0.6 MB
+    with pytest.raises(ss.ConstraintError):  # too large for llguidance here; what matters is the skipped check
+        engine.constraint(big)
+    assert checked == []
+    engine.constraint({"type": "object", "properties": {"a": {"type": "string"}}})
+    assert checked == [1]
