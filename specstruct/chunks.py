@@ -38,4 +38,5 @@ class StreamChunks:
                                        [{"text": text, "error": str(err), "stats": row.stats}]) from err
         result = Result(value=value, text=text, token_ids=row.token_ids, stats=row.stats,
                         finish_reason=row.finish_reason)
-        return Chunk(text=text[self.detok.emitted:], partial=value if self.json_mode else None, result=result)
+        return Chunk(text=text[self.detok.emitted:], partial=partial_json(text) if self.json_mode else None,
+                     result=result)  # `partial` stays the parsed JSON (a dict) to the end; the value is result.value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any, Sequence
 
 from specstruct.decoding import stops
@@ -38,10 +40,30 @@ class IncrementalDetokenizer:
 
 
 def partial_json(text: str) -> Any:
-    """The object parsed so far from incomplete JSON text (pydantic_core's partial parser), or None."""
+    """The object parsed so far from incomplete JSON text (pydantic_core's partial parser), or None. A number cut
+    after its `.` or exponent mark counts as what precedes it (the parser would drop the key, and `.partial` would
+    go backwards: {"score": 1} at `1`, {} at `1.`, {"score": 1.5} at `1.5`)."""
     from pydantic_core import from_json
 
+    if _NUMBER_CUT.search(text) and not _inside_string(text):
+        text = _NUMBER_CUT.sub("", text)
     try:
         return from_json(text, allow_partial="trailing-strings")
     except ValueError:  # nothing parseable yet, or an unfinished number or literal that cannot be closed
         return None
+
+
+_NUMBER_CUT = re.compile(r"(?<=[0-9])(\.?[eE][+-]?|\.)$")
+
+
+def _inside_string(text: str) -> bool:
+    """Whether incomplete JSON text ends inside a string (an odd number of unescaped quotes)."""
+    inside, escaped = False, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = inside
+        elif ch == '"':
+            inside = not inside
+    return inside

@@ -45,6 +45,8 @@ app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich", pret
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
     state["debug"] = debug
+    if sys.stdout is None:  # started with stdout closed (`>&-`): the output would vanish and the exit say 0
+        raise fail("standard output is closed; redirect it to a file or /dev/null", EXIT_USAGE)
 
 
 # ---------------------------------------------------------------- engine and printing
@@ -103,7 +105,8 @@ _MODEL = typer.Option("qwen2.5-coder-1.5b", "--model", "-m", help="Registry name
 _DRAFT = typer.Option(None, "--draft", "-d", help="Draft model (same forms). Default: the registry's paired draft.")
 _NO_DRAFT = typer.Option(False, "--no-draft", help="Speculate without a draft model (forced text + prompt lookup only).")
 _STATS = typer.Option(False, "--stats", help="Print decoding stats (acceptance per drafter, k histogram) to stderr.")
-_MAX = typer.Option(None, "--max-new-tokens", "-n", min=1, help="Token budget; running out exits with code 5.")
+_MAX = typer.Option(None, "--max-new-tokens", "-n", min=1, help="Token budget (default 512). Structured output "
+                    "that runs out exits with code 5; free text is cut there.")
 
 
 @app.command()
@@ -190,6 +193,8 @@ def extract(
     Bulk:     specstruct extract --ray --input docs.jsonl --schema schema.json --output out.jsonl --actors 2
     """
     with errors():
+        if actors != 1 and not (ray or input_ or output):
+            raise fail("--actors applies only to --ray (bulk extraction on Ray); leave it out", EXIT_USAGE)
         schema_obj = load_schema(schema)
         _check(schema_obj)
         if ray or input_ or output:

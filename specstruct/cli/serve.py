@@ -70,7 +70,15 @@ def serve(
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", min=0, help="--ray: GPUs per replica."),
 ) -> None:
     with errors():
+        if default_max_tokens > max_tokens_cap:
+            raise fail(f"--default-max-tokens {default_max_tokens} is over --max-tokens-cap {max_tokens_cap}; lower "
+                       "it or raise the cap", EXIT_USAGE)
         if ray or replicas != 1 or num_cpus is not None or num_gpus is not None:
+            unused = [flag for flag, used in (("--no-speculation", no_speculation), ("--threads", threads),
+                                              ("--shutdown-timeout", shutdown_timeout != 5.0)) if used]
+            if unused:  # Ray Serve replicas take their threads from --num-cpus and shut down through Ray
+                raise fail(f"{', '.join(unused)} does not apply with --ray (Ray sets each replica's threads from "
+                           "--num-cpus and stops replicas itself); leave it out", EXIT_USAGE)
             from specstruct.serving.ray.cli import serve_on_ray
 
             return serve_on_ray(**locals())
@@ -92,7 +100,7 @@ def serve(
             engine.config = engine.config.merged(enable_speculative=False)
         name = served_model_name or model
         limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
-                              default_max_tokens=min(default_max_tokens, max_tokens_cap),
+                              default_max_tokens=default_max_tokens,
                               request_timeout_s=request_timeout, max_queued_requests=max_queue)
         app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -39,7 +40,7 @@ def exit_code(exc: BaseException) -> int:
         (e.ConstraintError, EXIT_CONSTRAINT),
         (e.ModelNotFoundError, EXIT_MODEL_MISSING),
         ((e.IncompleteOutputError, e.ValidationRetryError), EXIT_INCOMPLETE),
-        ((e.IncompatibleDraftError, e.PromptTooLongError), EXIT_USAGE),
+        ((e.IncompatibleDraftError, e.PromptTooLongError, e.InvalidParameterError, e.InvalidPromptError), EXIT_USAGE),
     ]
     for kinds, code in table:
         if isinstance(exc, kinds):
@@ -56,6 +57,9 @@ def errors() -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(EXIT_OTHER) from None
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if state["debug"]:
             raise
@@ -72,11 +76,21 @@ def errors() -> Iterator[None]:
 
 def read_text(path: str, what: str) -> str:
     if path == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise fail(f"{what} from standard input: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                       EXIT_USAGE) from None
     p = Path(path)
+    if p.is_dir():
+        raise fail(f"{what} {path!r} is a folder; give a file", EXIT_USAGE)
     if not p.is_file():
         raise fail(f"{what} file {path!r} not found", EXIT_USAGE)
-    return p.read_text(encoding="utf-8")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8",
+                   EXIT_USAGE) from None
 
 
 def load_schema(path: str) -> dict[str, Any]:
@@ -84,6 +98,8 @@ def load_schema(path: str) -> dict[str, Any]:
         schema = json.loads(read_text(path, "--schema"))
     except json.JSONDecodeError as exc:
         raise fail(f"--schema {path}: not valid JSON ({exc})", EXIT_USAGE) from None
+    except RecursionError:
+        raise fail(f"--schema {path}: nested too deeply to read", EXIT_USAGE) from None
     if not isinstance(schema, dict):
         raise fail(f"--schema {path}: a JSON schema must be an object, got {type(schema).__name__}", EXIT_USAGE)
     return schema
@@ -131,19 +147,10 @@ def output_type_from_options(schema: Optional[str], pydantic: Optional[str], reg
     return ss.Code(code)
 
 
-def to_jsonable(value: Any) -> Any:
-    from pydantic import BaseModel, TypeAdapter
-
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return TypeAdapter(Any).dump_python(value, mode="json")
-
-
 def render_value(result: Any) -> str:
-    """What goes to stdout: JSON for JSON-mode outputs, the text itself otherwise."""
-    mode = getattr(getattr(result, "stats", None), "mode", None)
-    if mode == "json":
-        return json.dumps(to_jsonable(result.value), ensure_ascii=False)
+    """What goes to stdout: the output as written, which is what the schema or constraint guarantees (and what
+    --stream prints). Re-serializing the parsed value would change it: field names instead of aliases, an
+    out-of-range number as null."""
     return result.text
 
 

@@ -128,3 +128,23 @@ def test_a_huge_schema_is_refused_by_size_before_any_unbounded_check(engine, mon
     assert checked == []
     engine.constraint({"type": "object", "properties": {"a": {"type": "string"}}})
     assert checked == [1]
+
+
+def test_streamed_partial_objects_never_lose_a_key_and_stay_dicts():
+    """Found by probing: at `1.` or `1.5e` a number's key vanished from .partial and came back; the last chunk's
+    .partial was the Pydantic instance where every other one is a dict."""
+    from pydantic import BaseModel
+
+    from specstruct.testing import scripted_engine
+
+    class Score(BaseModel):
+        score: float
+        neg: float
+
+    chunks = list(scripted_engine('{"score": 1.5e3, "neg": -2.5}').stream("x", Score))
+    seen: set = set()
+    for c in chunks:
+        keys = set(c.partial or {})
+        assert keys >= seen, (c.text, c.partial)
+        seen = keys
+    assert chunks[-1].partial == {"score": 1500.0, "neg": -2.5} and isinstance(chunks[-1].result.value, Score)

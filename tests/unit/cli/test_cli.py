@@ -260,3 +260,29 @@ def test_real_extract_with_the_default_pair(monkeypatch, schema_file, tmp_path):
     jsonschema.validate(value, schema)
     assert "Ada" in value["name"] and value["age"] == 36
     assert re.search(r"model\s*│\s*\d+", result.stderr)  # the paired draft has a per-drafter row
+
+
+def test_more_bad_input_exits_2_naming_the_problem(tiny_dir, tmp_path):
+    """Found by probing: these exited 1 with a Python message (or not at all)."""
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b"\xff{}")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    for args, needle in [(["-t", "inf"], "temperature"), (["--schema", str(latin)], "not UTF-8"),
+                         (["--schema", str(deep)], "nested too deeply"), (["--schema", str(tmp_path)], "is a folder")]:
+        result = invoke("generate", "p", "--model", tiny_dir, *args)
+        assert result.exit_code == cli.EXIT_USAGE and needle in result.stderr, (args, result.stderr)
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    result = invoke("extract", "--schema", str(schema), "--text", str(schema), "--actors", "4", "--model", tiny_dir)
+    assert result.exit_code == cli.EXIT_USAGE and "--actors applies only to --ray" in result.stderr
+
+
+def test_json_output_is_printed_as_written_with_aliases(tiny_dir, tmp_path, monkeypatch):
+    """--pydantic printed field names (first_name) where the schema, and --stream, use the alias (firstName)."""
+    (tmp_path / "aliasmod.py").write_text(
+        "from pydantic import BaseModel, Field\nclass M(BaseModel):\n    first_name: str = Field(alias='firstName', max_length=3)\n")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("generate", "p", "--model", tiny_dir, "--pydantic", "aliasmod:M", "-n", "200")
+    assert result.exit_code == 0, result.stderr
+    assert "firstName" in result.stdout and "first_name" not in result.stdout
