@@ -21,13 +21,13 @@ from .errors import IncompleteOutputError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
 from .decoding import stops
-from .decoding.kv.memory import KVBudget, build as build_kv_tiers
+from .decoding.kv.memory import KVBudget, build as build_kv_tiers, close_all
 from .decoding.preempt import Preemption
 from .decoding.load_memory import trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_models, check_prompt, check_system, too_long
+from .inputs import check_models, check_prompt, check_system, resolve_device, too_long
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
@@ -81,7 +81,8 @@ class SpecStruct(AsyncCalls):
         # Past kv_memory.active_bytes (all running rows) it pauses the newest rows, their KV spilled to kv_store.
         self._preemption = Preemption(self._kv_budget, self.kv_store)
         self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
-        self._finalizer = weakref.finalize(self, self.scheduler.close)
+        self._finalizer = weakref.finalize(self, close_all, self.scheduler.close, self.prefix_cache.close,
+                                           self.kv_store.close)  # spill files go with the engine, not at exit
         trim_heap()  # loading freed float32 copies (the draft's, before int8) in pieces glibc would keep
         release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
 
@@ -95,7 +96,7 @@ class SpecStruct(AsyncCalls):
         from .models.loading import load
 
         config = config or SpecConfig(**(decoding_params or {}))
-        device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(config.device)
         dtype = getattr(torch, config.dtype) if config.dtype != "auto" else torch.float32
         target, tokenizer = load(model, device=device, dtype=dtype)
         draft = draft or config.draft_model_path

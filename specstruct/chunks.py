@@ -16,7 +16,7 @@ RETRYABLE = (ValueError, SyntaxError, TypeError)  # pydantic.ValidationError is 
 
 def deadline(timeout: float | None) -> float | None:
     """A `timeout=` in seconds as a time.monotonic() deadline (None: no limit)."""
-    return None if timeout is None else time.monotonic() + timeout
+    return None if timeout is None or timeout == float("inf") else time.monotonic() + timeout  # inf: no limit
 
 
 class StreamChunks:

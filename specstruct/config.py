@@ -19,7 +19,7 @@ class KVMemory(BaseModel):
 
     # KV of all running requests together (target + draft): past it the scheduler pauses the most recently admitted
     # rows and moves their KV down (docs/kv-memory.md); a request that cannot fit even alone is refused. None: no limit
-    active_bytes: int | None = Field(4 * GiB, ge=0)
+    active_bytes: int | None = Field(4 * GiB, ge=1)  # (0 read as "no limit"; None says that)
     pinned_bytes: int = Field(2 * GiB, ge=0)  # GPU only: pinned host memory below GPU memory
     disk_bytes: int = Field(4 * GiB, ge=0)  # spill files (safetensors); 0: nothing goes to disk
     directory: str | None = None  # where spill files go (default $SPECSTRUCT_CACHE/kv, ~/.cache/specstruct/kv)
@@ -28,6 +28,9 @@ class KVMemory(BaseModel):
 DEFAULT_CAPS = {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "text": 2}
 MAX_CAP = 64  # a row's pass then stays well inside the measured row-invariance range (300 rows)
 
+
+# Keys a call's config cannot change: they are read once, when the engine is built.
+ENGINE_KEYS = ("draft_model_path", "draft_numerics", "prefix_cache_bytes", "kv_memory", "device", "dtype")
 
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (vLLM's rule)
 
@@ -43,7 +46,7 @@ class SpecConfig(BaseModel):
     # speculation
     enable_speculative: bool = True
     draft_model_path: str | None = None
-    initial_candidates: int = Field(3, ge=0, le=16)
+    initial_candidates: int = Field(3, ge=1, le=16)  # 0 never grew; enable_speculative=False turns it off
     adaptive_threshold: float = Field(0.7, gt=0.0, lt=1.0)
     # per output mode; the modes given replace their defaults, the others keep them ({"json": 16} leaves text at 2)
     max_candidates: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_CAPS))
@@ -76,8 +79,8 @@ class SpecConfig(BaseModel):
     use_prefix_cache: bool = True  # per call: False prefills cold and caches nothing
     cache_salt: str | None = None  # per call: requests share cached prefixes only with the same salt (tenant)
 
-    # placement
-    device: str = "auto"
+    # placement (read by from_pretrained, which loads the models; engine-wide)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
 
     @field_validator("max_candidates", mode="before")
@@ -107,10 +110,18 @@ class SpecConfig(BaseModel):
     def for_call(self, config: "SpecConfig | dict[str, Any] | None", **overrides: Any) -> "SpecConfig":
         """The config of one call: `config` (a SpecConfig, or a dict of its keys over this one; None: this one)
         with `overrides` merged."""
+        given: set[str] = set()
         if isinstance(config, dict):  # the keys of SpecConfig, as from_pretrained's decoding_params takes them
-            config = self.merged(**config)
-        elif config is not None and not isinstance(config, SpecConfig):
+            given, config = set(config), self.merged(**config)
+        elif isinstance(config, SpecConfig):
+            given = set(config.model_fields_set)
+        elif config is not None:
             raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
+        if config is not None:  # an engine key the call sets to another value would be silently ignored
+            differs = sorted(k for k in ENGINE_KEYS if k in given and getattr(config, k) != getattr(self, k))
+            if differs:
+                raise InvalidParameterError(f"{differs} apply to the whole engine (its models, caches and memory), "
+                                            "not to one call: set them when building the engine")
         return (self if config is None else config).merged(**overrides)
 
     def merged(self, **overrides: Any) -> "SpecConfig":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specstruct.errors import InvalidPromptError, PromptTooLongError
+from specstruct.errors import InvalidParameterError, InvalidPromptError, PromptTooLongError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -77,3 +77,16 @@ def check_models(model: Any, draft_model: Any) -> None:
         if value is not None and not isinstance(value, torch.nn.Module):
             raise TypeError(f"{name} must be a loaded transformers model (a torch.nn.Module), got "
                             f"{type(value).__name__}: the arguments are SpecStruct(model, tokenizer, draft_model=None)")
+
+
+def resolve_device(device: str) -> str:
+    """SpecConfig.device as from_pretrained loads to: "auto" is CUDA when torch sees one, else the CPU; asking for
+    CUDA where there is none is an InvalidParameterError, not torch's assertion."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidParameterError(f"SpecConfig.device={device!r}, but this torch sees no CUDA device: use 'cpu' "
+                                    "or 'auto'")
+    return device

@@ -118,6 +118,8 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
     import warnings
 
     q = copy.deepcopy(model)
+    if next(q.parameters()).dtype != torch.float32:  # torch.ao's dynamic int8 kernels take float32 activations
+        q = q.float()
     ranges = file_ranges()
     for t in (*model.parameters(), *model.buffers()):  # the copy read `model`'s file pages: reclaim them now
         page_out(t, ranges)

@@ -69,10 +69,16 @@ class Scheduler:
         with self._cv:
             if self._closed is not None:
                 raise EngineClosedError(f"the engine is closed ({self._closed}); build a new SpecStruct")
-            if len(self._waiting) - len(self._paused) >= self.config.max_queue:  # paused ones hold no place
+            # A request the loop will admit into a free slot is not queueing: max_queue counts those beyond the
+            # slots (so max_batch_size + max_queue callers at once never overload, however late the loop admits).
+            # Paused requests hold no place. (len() of the loop's dict is one atomic read.)
+            free = max(0, self.config.max_batch_size - len(self._active))
+            waiting = len(self._waiting) - len(self._paused)
+            if waiting >= self.config.max_queue + free:
                 raise OverloadedError(
-                    f"{len(self._waiting)} requests are already waiting (BatchConfig.max_queue="
-                    f"{self.config.max_queue}): retry later, raise max_queue, or send fewer requests at once")
+                    f"{waiting} requests are already waiting for {free} free slots (BatchConfig.max_batch_size="
+                    f"{self.config.max_batch_size}, max_queue={self.config.max_queue}): retry later, raise "
+                    "max_queue, or send fewer requests at once")
             req = Request(prompt, constraint, config, wake=self._wake, loop=loop)
             self._waiting.append(req)
             if self._thread is None:

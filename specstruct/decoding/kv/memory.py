@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,8 @@ def build(prefix_cache_bytes: int, kv_memory: Any, device: torch.device | str = 
     """The prefix cache (resident tier on `device`, then the lower tiers) and the spill store (lower tiers only).
     On a GPU the lower tiers are pinned host memory, then disk; on CPU, disk."""
     device = torch.device(device)
+    if kv_memory.disk_bytes > 0 and kv_memory.directory:
+        check_directory(kv_memory.directory)
     lower: list[Any] = []
     if device.type == "cuda" and kv_memory.pinned_bytes > 0:
         from .pinned import PinnedTier
@@ -38,6 +42,27 @@ def build(prefix_cache_bytes: int, kv_memory: Any, device: torch.device | str = 
     if kv_memory.disk_bytes > 0:
         store_tiers.append(DiskTier(kv_memory.disk_bytes, kv_memory.directory))
     return cache, KVStore(store_tiers)
+
+
+def check_directory(directory: str) -> None:
+    """kv_memory.directory must be a folder this process can create and write, checked when the engine is built
+    (not at the first spill, on the scheduler's thread, as a raw OSError)."""
+    from specstruct.errors import InvalidParameterError
+
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path)
+        probe.close()
+    except OSError as e:
+        raise InvalidParameterError(f"kv_memory.directory={directory!r} cannot hold spill files ({e.strerror or e}): "
+                                    "give a writable folder, or disk_bytes=0 to spill nowhere") from None
+
+
+def close_all(*closers: Any) -> None:
+    """Call each closer in order: an engine's shutdown (its scheduler, then its KV tiers and their spill files)."""
+    for close in closers:
+        close()
 
 
 class KVBudget:

@@ -1,0 +1,69 @@
+"""Engine options and lifetime, from probing: what is refused, what a full queue means, what close() frees."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import specstruct as ss
+from specstruct.config import KVMemory
+from specstruct.testing import perturbed, tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def test_generate_many_never_overloads_its_own_engine(tok):
+    """40 prompts through max_batch_size 8 / max_queue 4 failed with OverloadedError 29-35 times of 40: the
+    workers submitted before the loop admitted any. A request headed for a free slot no longer counts as queued."""
+    target = tiny_model(tok)
+    with ss.SpecStruct(target, tok, batch_config={"max_batch_size": 8, "max_queue": 4, "timeout_ms": 0}) as e:
+        out = e.generate_many([f"Say {i}" for i in range(40)], max_new_tokens=4, progress=False,
+                              return_exceptions=True)
+    assert not [x for x in out if isinstance(x, Exception)]
+    with ss.SpecStruct(target, tok, batch_config={"max_queue": 0}) as e:  # "no queue beyond free slots"
+        assert e.run("x", max_new_tokens=2).text is not None
+
+
+def test_options_that_would_be_silently_ignored_are_refused(tok):
+    with pytest.raises(ValueError):
+        KVMemory(active_bytes=0)  # meant "no limit"; None says that
+    with pytest.raises(ValueError):
+        ss.SpecConfig(initial_candidates=0)  # never grew: speculation silently off
+    with pytest.raises(ValueError):
+        ss.SpecConfig(device="gpu")
+    with ss.SpecStruct(tiny_model(tok), tok, config=ss.SpecConfig(prefix_cache_bytes=0)) as e:
+        assert e.run("x", config=ss.SpecConfig(max_new_tokens=2)).stats.new_tokens <= 2  # defaults are fine
+        for per_call in ({"prefix_cache_bytes": 5}, {"kv_memory": {"active_bytes": 1}},
+                         ss.SpecConfig(draft_numerics="float32")):
+            with pytest.raises(ss.InvalidParameterError, match="whole engine"):
+                e.run("x", config=per_call)
+        assert e.run("x", timeout=float("inf"), max_new_tokens=2).text is not None  # was OverflowError
+
+
+def test_a_kv_directory_that_cannot_hold_files_is_refused_when_the_engine_is_built(tok, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ss.InvalidParameterError, match="kv_memory.directory"):
+        ss.SpecStruct(tiny_model(tok), tok, config=ss.SpecConfig(kv_memory={"directory": str(afile)}))
+
+
+def test_close_removes_the_engines_spill_files(tok, tmp_path):
+    cfg = ss.SpecConfig(prefix_cache_bytes=1, kv_memory={"directory": str(tmp_path)}, max_new_tokens=4)
+    e = ss.SpecStruct(tiny_model(tok), tok, config=cfg)
+    e.run("a prompt long enough to be cached " * 4)
+    e.run("a prompt long enough to be cached " * 4)
+    assert list(tmp_path.rglob("*.safetensors"))  # the prefix went to the disk tier
+    e.close()
+    assert not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_a_bfloat16_target_with_the_default_int8_draft_runs(tok):
+    """Every request failed with 'expected scalar type Float but found BFloat16' in the int8 draft."""
+    target = tiny_model(tok, dtype=torch.bfloat16)
+    with ss.SpecStruct(target, tok, draft_model=perturbed(target)) as e:
+        assert asyncio.run(e.arun("Say", max_new_tokens=3)).text is not None
