@@ -119,9 +119,12 @@ def check_same_vocab(target_tokenizer, draft_tokenizer, target_model=None, draft
     if target_model is not None and draft_model is not None:
         ts, ds = output_rows(target_model), output_rows(draft_model)
         if ts != ds:
+            padding = min(ts, ds) >= len(tv)
             raise IncompatibleDraftError(
-                f"draft model outputs {ds} logits per token, target outputs {ts}; they cannot be compared. {fix}"
-            )
+                f"draft model outputs {ds} logits per token, target outputs {ts}; they cannot be compared. " +
+                (f"The tokenizers are the same ({len(tv)} tokens): the models differ only in padding rows of their "
+                 "output layers (as Qwen2.5-7B and 0.5B do), which specstruct does not reconcile yet; use a draft "
+                 "with the target's row count, or run without a draft" if padding else fix))
 
 
 def output_rows(model) -> int:
