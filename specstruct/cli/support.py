@@ -48,6 +48,20 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_OTHER
 
 
+def ray_cause(exc: BaseException) -> BaseException:
+    """The error a Ray wrapper carries (RayTaskError, UserCodeException, ActorDiedError: `.cause` or `__cause__`),
+    so the CLI names specstruct's message and exit code rather than Ray's traceback."""
+    seen: set[int] = set()
+    while type(exc).__module__.startswith("ray") and id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None)
+        inner = inner if isinstance(inner, BaseException) else exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
 @contextlib.contextmanager
 def errors() -> Iterator[None]:
     """Turn any exception into one `error: ...` line on stderr and the documented exit code."""
@@ -65,7 +79,7 @@ def errors() -> Iterator[None]:
             raise
         from specstruct.extras import as_missing_extra
 
-        exc = as_missing_extra(exc) or exc
+        exc = as_missing_extra(ray_cause(exc)) or ray_cause(exc)
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
         if len(message) > 600:
             message = message[:600] + " ..."

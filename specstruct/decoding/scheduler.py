@@ -64,6 +64,14 @@ class Scheduler:
         self.passes = 0  # decoder steps run (one target pass each with the batched decoder)
 
     # -- callers' side (any thread) ---------------------------------------------------------------------------
+    def problem(self) -> str | None:
+        """Why this scheduler can no longer serve (closed, or its loop thread died), or None: for health checks."""
+        if self._closed is not None:
+            return f"the engine's scheduler is closed ({self._closed!r})"
+        if self._thread is not None and not self._thread.is_alive():
+            return "the engine's decode loop thread has stopped"
+        return None
+
     def submit(self, prompt: list[int], constraint: Any, config: Any, *, loop: Any = None) -> Request:
         """Queue a request; raises OverloadedError when max_queue requests are already waiting."""
         with self._cv:

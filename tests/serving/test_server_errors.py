@@ -262,3 +262,17 @@ def test_a_request_whose_kv_can_never_fit_is_a_400():
     app = create_app(engine, served_model_name=MODEL, api_key=KEY, limits=ServerLimits(max_tokens_cap=4000))
     with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
         expect(post(c, {"max_tokens": 2000}), 400, param="messages", code="context_length_exceeded")
+
+
+def test_a_closed_engine_is_unhealthy_and_its_requests_are_503s():
+    """Found by probing Ray Serve: /health said ok and requests got a 500 (advice for library callers) while a
+    replica's engine was closed; a load balancer needs 503 to route elsewhere."""
+    engine = tiny_engine()
+    app = create_app(engine, served_model_name=MODEL, api_key=KEY)
+    with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        root = base.removesuffix("/v1")
+        assert httpx.get(root + "/health").status_code == 200
+        engine.close()
+        health = httpx.get(root + "/health")
+        assert health.status_code == 503 and "closed" in health.json()["error"]
+        expect(post(c, {}), 503, code="engine_unavailable")

@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
-The engine is reached only through its public API (`stream`/`astream`, `constraint`, `prompt_ids`), so the
+The engine is reached only through its public API (`stream`/`astream`, `constraint`, `prompt_ids`; GET /health also
+asks `engine.scheduler.problem()` where there is one), so the
 same app serves a single-sequence engine (calls run in worker threads, one at a time) and a batched one."""
 
 from __future__ import annotations
@@ -209,8 +210,11 @@ def create_app(engine: Any, *, served_model_name: str, api_key: str | None = Non
         return card
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> Any:  # 503 once the engine cannot serve, so a load balancer (or Ray) stops sending
+        scheduler = getattr(engine, "scheduler", None)
+        problem = scheduler.problem() if hasattr(scheduler, "problem") else None
+        return JSONResponse({"status": "unavailable", "error": problem}, status_code=503) if problem else \
+            {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -51,6 +51,9 @@ def from_exception(exc: BaseException, *, constraint_param: str | None = None, r
         return bad_request(str(exc), prompt_param, "context_length_exceeded")
     if isinstance(exc, ss_errors.InvalidPromptError):
         return bad_request(str(exc), prompt_param, "invalid_value")
+    if isinstance(exc, ss_errors.EngineClosedError):  # retryable elsewhere: a replica that is going away
+        return APIError(503, f"this server's engine is closed ({exc}); retry, another replica may serve it",
+                        type="server_error", code="engine_unavailable")
     if isinstance(exc, ss_errors.ValidationRetryError):
         return APIError(500, f"the output failed validation: {exc}", type="server_error", code="validation_failed")
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")

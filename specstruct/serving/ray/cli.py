@@ -36,12 +36,49 @@ def run_cli_job(schema: dict[str, Any], input_path: Optional[str], output_path: 
         raise fail("--ray needs --input FILE.jsonl and --output FILE.jsonl", EXIT_USAGE)
     if not Path(input_path).is_file():
         raise fail(f"--input file {input_path!r} not found", EXIT_USAGE)
+    if not Path(output_path).resolve().parent.is_dir():
+        raise fail(f"--output {output_path!r}: its folder does not exist; create it first", EXIT_USAGE)
+    check_input(input_path, "text")
+    check_models_here(model, resolve_draft(model, draft, no_draft))
     from specstruct.serving.ray.jobs import extract_jsonl
 
     config = {"max_new_tokens": max_new_tokens} if max_new_tokens else None
     summary = extract_jsonl(input_path, output_path, schema, model=model, draft=resolve_draft(model, draft, no_draft),
                             config=config, system=system, prompt="Text:\n{text}", actors=actors)
     typer.echo(f"{summary['rows']} rows, {summary['errors']} errors -> {output_path}", err=True)
+
+
+def check_input(path: str, column: str) -> None:
+    """The first line of a JSON-lines input, read here: a file that is not JSON lines, or lacks the column, fails
+    before Ray starts, with the fix (inside a Ray task the message would be lost in a worker's traceback)."""
+    import json
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        return  # an empty file: zero rows, written as an empty output
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError as exc:
+        raise fail(f"--input {path}: not JSON lines (first line: {exc})", EXIT_USAGE) from None
+    if not isinstance(row, dict) or column not in row:
+        raise fail(f"--input {path}: each line must be a JSON object with a {column!r} field; the first line has "
+                   f"{sorted(row) if isinstance(row, dict) else type(row).__name__}", EXIT_USAGE)
+
+
+def check_models_here(*names: Optional[str]) -> None:
+    """On a local cluster (no RAY_ADDRESS) the models load from this machine: check them now (ModelNotFoundError,
+    exit 4, with the pull command) rather than as an actor that died. A remote cluster's nodes may hold models this
+    machine lacks, so there nothing is checked."""
+    import os
+
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    from specstruct.models.loading import resolve
+
+    for name in names:
+        if name:
+            resolve(name)
 
 
 def serve_on_ray(*, ray: bool, model: str, draft: Optional[str], no_draft: bool, host: str, port: int,
@@ -58,10 +95,11 @@ def serve_on_ray(*, ray: bool, model: str, draft: Optional[str], no_draft: bool,
     from specstruct.serving.ray.engines import require_ray
 
     require_ray()
+    check_models_here(model, resolve_draft(model, draft, no_draft))
     from specstruct.serving.ray.serve import build_app, serve_until_interrupted
 
     limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
-                          default_max_tokens=min(default_max_tokens, max_tokens_cap), request_timeout_s=request_timeout)
+                          default_max_tokens=default_max_tokens, request_timeout_s=request_timeout)
     app = build_app(model, draft=resolve_draft(model, draft, no_draft), served_model_name=served_model_name or model,
                     api_key=api_key, limits=limits, replicas=replicas, num_cpus=1 if num_cpus is None else num_cpus,
                     num_gpus=num_gpus, max_batch_size=max_batch_size, max_queued_requests=max_queue)

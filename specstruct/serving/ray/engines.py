@@ -97,11 +97,6 @@ def check_engine(engine: Any) -> None:
     """Raise when the engine can no longer serve: its scheduler was closed or its loop thread died (batching
     engines). Ray Serve calls this through the replica's `check_health` and replaces a replica that fails it."""
     scheduler = getattr(engine, "scheduler", None)
-    if scheduler is None:
-        return
-    closed = getattr(scheduler, "_closed", None)
-    if closed is not None:
-        raise RuntimeError(f"the engine's scheduler is closed ({closed!r})")
-    thread = getattr(scheduler, "_thread", None)
-    if thread is not None and not thread.is_alive():
-        raise RuntimeError("the engine's decode loop thread has stopped")
+    problem = scheduler.problem() if hasattr(scheduler, "problem") else None
+    if problem:
+        raise RuntimeError(problem)

@@ -43,6 +43,8 @@ def result_row(outcome: Any) -> dict[str, Any]:
     if isinstance(outcome, BaseException):
         row.update(error=f"{type(outcome).__name__}: {outcome}", error_type=type(outcome).__name__,
                    raw_text=getattr(outcome, "text", None))
+        if type(outcome).__name__ == "IncompleteOutputError":  # cut by max_new_tokens: rerun these with more
+            row.update(finish_reason="length", attempts=1)
         attempts = getattr(outcome, "attempts", None)
         if attempts:  # ValidationRetryError: the last attempt's text and stats
             row.update(raw_text=attempts[-1].get("text"), attempts=len(attempts))
@@ -66,8 +68,11 @@ def make_prompt(text: Any, template: str | Callable[[str], Any], system: str | N
                             "drop this row")
     if not text.strip():
         raise BadInputError("the row's text is empty: fix or drop this row")
-    user = template(text) if callable(template) else template.replace("{text}", text)
-    messages = [{"role": "user", "content": user}] if isinstance(user, str) else list(user)
+    try:
+        user = template(text) if callable(template) else template.replace("{text}", text)
+        messages = [{"role": "user", "content": user}] if isinstance(user, str) else list(user)
+    except Exception as exc:  # noqa: BLE001 - the user's prompt callable failed on this row: that row's error
+        raise BadInputError(f"prompt= raised on this row: {type(exc).__name__}: {exc}") from exc
     return ([{"role": "system", "content": system}] + messages) if system else messages
 
 
@@ -80,10 +85,14 @@ class Extractor:
         self.output_type, self.template, self.column, self.system = output_type, template, column, system
 
     def __call__(self, batch):
-        import pandas as pd
+        import pyarrow as pa
 
         if self.column not in batch.columns:
             raise KeyError(f"the dataset has no column {self.column!r} (columns: {list(batch.columns)}); pass column=")
+        clash = [c for c in RESULT_COLUMNS if c in batch.columns]
+        if clash:
+            raise ValueError(f"the dataset already has columns {clash}, which extract writes its results into; "
+                             "rename them (ds.rename_columns) or drop them")
         outcomes: list[Any] = [None] * len(batch)
         prompts, where = [], []
         texts = batch[self.column].astype(object)
@@ -96,10 +105,12 @@ class Extractor:
         for i, outcome in zip(where, run_batch(self.engine, prompts, self.output_type)):
             outcomes[i] = outcome
         rows = [result_row(o) for o in outcomes]
-        out = batch.copy()
+        # Arrow columns with fixed types: a block whose rows all succeeded (error all null) or all failed (value
+        # all null) must not get a `null` column, or the blocks of one job cannot be read back as one table.
+        out = pa.Table.from_pandas(batch, preserve_index=False)
         for name in RESULT_COLUMNS:
-            dtype = "Int64" if name in _INT_COLUMNS else "Float64" if name in _FLOAT_COLUMNS else object
-            out[name] = pd.array([r[name] for r in rows], dtype=dtype)
+            kind = pa.int64() if name in _INT_COLUMNS else pa.float64() if name in _FLOAT_COLUMNS else pa.large_string()
+            out = out.append_column(name, pa.array([r[name] for r in rows], type=kind))
         return out
 
 
@@ -125,12 +136,20 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
     preserve_order  output rows in input order (sets the dataset's DataContext preserve_order)
     map_batches_kwargs  passed to Dataset.map_batches (memory=, runtime_env=, ...)
     """
+    from specstruct.constraints import check_spec
+    from specstruct.output_types import resolve
+
+    check_spec(resolve(output_type).spec)  # a schema that cannot compile raises here, before any actor loads a model
     ray = require_ray()
     if isinstance(dataset, list):
         dataset = ray.data.from_items([r if isinstance(r, dict) else {column: r} for r in dataset])
     if isinstance(prompt, str) and "{text}" not in prompt:
         raise ValueError(f"prompt={prompt!r} has no '{{text}}' placeholder for the row's text")
     factory = engine_factory(model, draft, config)
+    if isinstance(actors, list):
+        actors = tuple(actors)
+    if not isinstance(actors, (int, tuple)) or isinstance(actors, tuple) and len(actors) != 2:
+        raise TypeError(f"actors= takes a number of engines or a (min, max) pair to autoscale, got {actors!r}")
     compute = (ray.data.ActorPoolStrategy(min_size=actors[0], max_size=actors[1]) if isinstance(actors, tuple)
                else ray.data.ActorPoolStrategy(size=actors))
     if num_gpus:

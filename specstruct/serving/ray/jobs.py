@@ -46,16 +46,23 @@ def write_jsonl(results: Any, output_path: str, *, total: int | None = None, pro
     from tqdm import tqdm
 
     rows = errors = 0
-    with open(output_path, "w", encoding="utf-8") as f, tqdm(total=total, unit="row", disable=not progress,
+    target = Path(output_path)
+    partial = target.with_name(f".{target.name}.partial")  # a failed job leaves an existing output as it was
+    try:
+        with open(partial, "w", encoding="utf-8") as f, tqdm(total=total, unit="row", disable=not progress,
                                                              file=sys.stderr, desc="extract") as bar:
-        for row in results.iter_rows():
-            row = dict(row)
-            if row.get("value") is not None:
-                row["value"] = json.loads(row["value"])
-            errors += row.get("error") is not None
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-            rows += 1
-            bar.update(1)
-            bar.set_postfix(errors=errors, refresh=False)
+            for row in results.iter_rows():
+                row = dict(row)
+                if row.get("value") is not None:
+                    row["value"] = json.loads(row["value"])
+                errors += row.get("error") is not None
+                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+                rows += 1
+                bar.update(1)
+                bar.set_postfix(errors=errors, refresh=False)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
     return {"rows": rows, "errors": errors}
 

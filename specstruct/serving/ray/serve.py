@@ -48,9 +48,11 @@ def replica_limits(limits: Any, max_batch_size: int, max_ongoing_requests: int |
 
     from specstruct.serving.openai import ServerLimits
 
-    ongoing = max_ongoing_requests or 2 * max_batch_size
-    if ongoing < 1:
-        raise ValueError(f"max_ongoing_requests must be at least 1, got {ongoing}")
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+    if max_ongoing_requests is not None and max_ongoing_requests < 1:  # Ray's own rule (0 is not "unset")
+        raise ValueError(f"max_ongoing_requests must be at least 1, got {max_ongoing_requests}")
+    ongoing = 2 * max_batch_size if max_ongoing_requests is None else max_ongoing_requests
     return replace(limits or ServerLimits(), max_queued_requests=ongoing), ongoing
 
 
@@ -89,6 +91,8 @@ def build_app(model: str | Callable[[], Any], *, draft: str | None = None, confi
                                    ray_actor_options=actor_options, health_check_period_s=health_check_period_s,
                                    health_check_timeout_s=health_check_timeout_s, **deployment_options)
     if autoscaling_config is not None:
+        if replicas != 1:  # as Ray's deployment.options() refuses num_replicas with autoscaling_config
+            raise ValueError(f"replicas={replicas} with autoscaling_config: set min_replicas/max_replicas there instead")
         options["autoscaling_config"] = {"target_ongoing_requests": max_batch_size, **autoscaling_config}
     else:
         options["num_replicas"] = replicas
@@ -110,12 +114,12 @@ def app_builder(args: dict[str, Any]) -> "serve.Application":
     kwargs = dict(args)
     if "model" not in kwargs:
         raise ValueError("app_builder needs model=<registry name, folder or hub id>")
-    for key in _INT_ARGS:
-        if key in kwargs:
-            kwargs[key] = int(kwargs[key])
-    for key in _FLOAT_ARGS:
-        if key in kwargs:
-            kwargs[key] = float(kwargs[key])
+    for keys, kind in ((_INT_ARGS, int), (_FLOAT_ARGS, float)):
+        for key in (k for k in keys if k in kwargs):
+            try:
+                kwargs[key] = kind(kwargs[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"app_builder: {key}={kwargs[key]!r} is not a number") from None
     return build_app(kwargs.pop("model"), **kwargs)
 
 
