@@ -74,3 +74,34 @@ def test_a_cut_inside_the_call_name_leaves_no_markup_in_the_text():
     streamer = ToolCallStreamer()
     streamer.feed('<tool_call>\n{"name": "noar')
     assert streamer.cut() == ("", [])
+
+
+def test_text_then_a_call_with_marker_tokens_gives_content_and_the_checked_call():
+    """With `<tool_call>` as one added token (Qwen), "auto" allows text before the calls: the server returns the
+    text as content and the call as tool_calls, streamed or not (the grammar still checks the call)."""
+    import copy
+
+    import httpx
+
+    from specstruct.serving.openai import ServerLimits
+    from specstruct.testing import scripted_engine
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    engine = scripted_engine(text, tokenizer=tok, max_new_tokens=200)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 200}
+    app = create_app(engine, served_model_name=MODEL, api_key=KEY, limits=ServerLimits(max_tokens_cap=300))
+    with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        msg = c.post("/chat/completions", json=body).json()["choices"][0]["message"]
+        assert msg["content"] == "Let me check."
+        assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in msg["tool_calls"]] == [
+            ("get_weather", {"city": "Paris"})]
+        chunks = [json.loads(line[6:]) for line in c.post("/chat/completions", json={**body, "stream": True}).text
+                  .splitlines() if line.startswith("data: {")]
+        deltas = [{k: v for k, v in ch["choices"][0]["delta"].items() if v is not None} for ch in chunks
+                  if ch["choices"]]
+        content, calls = merge(deltas)
+        assert content == "Let me check." and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
