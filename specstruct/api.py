@@ -56,9 +56,9 @@ class SpecStruct(AsyncCalls):
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         if draft_model is not None:
-            from .models.loading import check_same_vocab
+            from .models.loading import matched_draft
 
-            check_same_vocab(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
+            draft_model = matched_draft(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
         self.eos_token_ids = eos_token_ids(tokenizer, model)
         self.runtime = ModelRuntime(model)
         draft_rt = None

@@ -118,13 +118,25 @@ def check_same_vocab(target_tokenizer, draft_tokenizer, target_model=None, draft
         raise IncompatibleDraftError(f"draft and target vocabularies differ: {_first_difference(tv, dv)}. {fix}")
     if target_model is not None and draft_model is not None:
         ts, ds = output_rows(target_model), output_rows(draft_model)
-        if ts != ds:
-            padding = min(ts, ds) >= len(tv)
+        if ts != ds and min(ts, ds) < len(tv):
             raise IncompatibleDraftError(
-                f"draft model outputs {ds} logits per token, target outputs {ts}; they cannot be compared. " +
-                (f"The tokenizers are the same ({len(tv)} tokens): the models differ only in padding rows of their "
-                 "output layers (as Qwen2.5-7B and 0.5B do), which specstruct does not reconcile yet; use a draft "
-                 "with the target's row count, or run without a draft" if padding else fix))
+                f"draft model outputs {ds} logits per token, target outputs {ts}, for a {len(tv)}-token vocabulary; "
+                f"they cannot be compared. {fix}")
+
+
+def matched_draft(target_tokenizer, draft_tokenizer, target_model, draft_model):
+    """`draft_model` once check_same_vocab passes, with its output rows made the target's when the two differ only
+    in padding rows past the tokenizer (Qwen2.5-7B has 152,064 rows, 0.5B 151,936; the tokenizer 151,665 tokens):
+    a resized copy. No constraint ever allows a padding id, so those rows never matter, whatever they hold."""
+    check_same_vocab(target_tokenizer, draft_tokenizer, target_model, draft_model)
+    rows = output_rows(target_model)
+    if output_rows(draft_model) == rows:
+        return draft_model
+    import copy
+
+    resized = copy.deepcopy(draft_model)
+    resized.resize_token_embeddings(rows, mean_resizing=False)
+    return resized
 
 
 def output_rows(model) -> int:

@@ -67,3 +67,21 @@ def test_a_bfloat16_target_with_the_default_int8_draft_runs(tok):
     target = tiny_model(tok, dtype=torch.bfloat16)
     with ss.SpecStruct(target, tok, draft_model=perturbed(target)) as e:
         assert asyncio.run(e.arun("Say", max_new_tokens=3)).text is not None
+
+
+@pytest.mark.parametrize("draft_rows", [472, 400])
+def test_a_draft_that_differs_only_in_padding_rows_is_used_and_stays_lossless(tok, draft_rows):
+    """Qwen2.5-7B (152,064 rows) with Qwen2.5-0.5B (151,936): same tokenizer, different padding. The draft's output
+    rows are made the target's (408 here); greedy output equals target-only."""
+    target = tiny_model(tok)
+    draft = perturbed(target)
+    draft.resize_token_embeddings(draft_rows, mean_resizing=False)
+    prompt = "The flag is on. Answer with JSON."
+    schema = {"type": "object", "properties": {"on": {"type": "boolean"}, "note": {"type": "string", "maxLength": 8}},
+              "required": ["on", "note"]}
+    with ss.SpecStruct(target, tok, config=ss.SpecConfig(enable_speculative=False, max_new_tokens=40)) as plain:
+        want = plain.run(prompt, schema).token_ids
+    with ss.SpecStruct(target, tok, draft_model=draft, config=ss.SpecConfig(max_new_tokens=40)) as e:
+        got = e.run(prompt, schema)
+    assert got.token_ids == want and got.stats.drafted > 0
+    assert draft.get_output_embeddings().weight.shape[0] == draft_rows  # the user's draft is left as it was
