@@ -237,7 +237,7 @@ class SpecStruct(AsyncCalls):
             raise IncompleteOutputError(
                 f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
                 "complete value; remove that stop string (constrained outputs end by themselves)",
-                text, decode.token_ids, decode.stats)
+                text, decode.token_ids, decode.stats, reason="stop")
         if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "

@@ -46,11 +46,13 @@ class KVMemoryError(SpecStructError, ValueError):
 class IncompleteOutputError(SpecStructError):
     """max_new_tokens ran out before the constrained output was complete. `.text` holds what was generated."""
 
-    def __init__(self, message: str, text: str = "", token_ids: list[int] | None = None, stats: Any = None):
+    def __init__(self, message: str, text: str = "", token_ids: list[int] | None = None, stats: Any = None,
+                 reason: str = "length"):
         super().__init__(message)
         self.text = text
         self.token_ids = token_ids or []
         self.stats = stats  # the run's ss.Stats: how far it got, and at what speed
+        self.reason = reason  # what cut it: "length" (max_new_tokens) or "stop" (a stop string)
 
 
 class ValidationRetryError(SpecStructError):

@@ -224,10 +224,11 @@ def _schema_dict(schema: dict) -> OutputSpec:
 
     check_schema(schema)  # depth first (iteratively): jsonschema's own check recurses
     try:
-        size = len(json.dumps(schema, allow_nan=False).encode())
+        text = json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError) as e:  # object(), a set, NaN or Infinity somewhere in the dict
         what = "NaN or Infinity" if isinstance(e, ValueError) else str(e)
         raise ConstraintError(f"the JSON schema holds a value JSON cannot write ({what}); use plain JSON values") from e
+    size = len(text.encode())
     if size > limits().max_schema_bytes:  # before jsonschema's own check, which takes ~6 s per MB of such schema
         raise too_complex("the JSON schema", "max_schema_bytes", f"{size} bytes of schema text")
     try:
@@ -239,7 +240,7 @@ def _schema_dict(schema: dict) -> OutputSpec:
     except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth
         raise too_complex("the JSON schema", "max_schema_depth", "it nests too deeply to check") from e
     # Checked in decimals, as the grammar is: with floats, 0.3 is "not a multiple of 0.1" and could never pass.
-    validator = validator_cls(json.loads(json.dumps(schema), parse_float=Decimal))
+    validator = validator_cls(json.loads(text, parse_float=Decimal))
 
     def parse(text: str) -> Any:
         value = json.loads(text)  # json.JSONDecodeError is a ValueError

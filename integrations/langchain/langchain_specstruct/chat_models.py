@@ -205,8 +205,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         the content, a cut call goes to `invalid_tool_calls` with its arguments as far as written."""
         if not req.tools or req.output_type is None:
             raise err
-        finish = "stop" if "stop string" in str(err) else "length"  # what cut it: a stop string, or max_tokens
-        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": finish}
+        meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": err.reason}
         usage = usage_metadata(err.stats) if err.stats is not None else None
         text = self._reply_text(req, err) if err.token_ids else err.text
         cut = cut_reply(text)
