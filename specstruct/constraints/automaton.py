@@ -119,7 +119,7 @@ class _Base:
     def accepts(self, text: str) -> bool:
         """Would `text`, tokenized as the engine tokenizes, complete the output from the current state?
         (A fresh constraint: from the start.) Walks a fork, so this constraint does not move."""
-        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False)
+        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)
         probe = self.fork()
         return probe.advance(ids) == len(ids) and probe.is_final()
 

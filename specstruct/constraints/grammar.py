@@ -143,6 +143,6 @@ class GrammarConstraint:
                                  list(self._stack))
 
     def accepts(self, text: str) -> bool:
-        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False)
+        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)
         probe = self.fork()
         return probe.advance(ids) == len(ids) and probe.is_final()

@@ -148,3 +148,10 @@ def test_streamed_partial_objects_never_lose_a_key_and_stay_dicts():
         assert keys >= seen, (c.text, c.partial)
         seen = keys
     assert chunks[-1].partial == {"score": 1500.0, "neg": -2.5} and isinstance(chunks[-1].result.value, Score)
+
+
+def test_accepts_reads_special_token_text_as_the_text_the_engine_writes(engine):
+    """Choice(["<|im_end|>"]) produced "<|im_end|>" (written in characters), yet accepts() said False: it parsed the
+    text as the special token, which no constraint allows."""
+    assert engine.constraint(ss.Choice(["<|im_end|>", "x"])).accepts("<|im_end|>")
+    assert engine.constraint({"type": "string"}).accepts('"<|im_end|>"')
