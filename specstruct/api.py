@@ -27,7 +27,7 @@ from .decoding.load_memory import trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_models, check_prompt, check_system, resolve_device, too_long
+from .inputs import check_models, check_prompt, check_system, finished, resolve_device, too_long
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
@@ -211,7 +211,7 @@ class SpecStruct(AsyncCalls):
             try:
                 result.value = spec.parse(result.text)
             except RETRYABLE as err:
-                if result.finish_reason == "length":  # cut short (code mode): retrying with the same budget won't help
+                if result.finish_reason == "length" and spec.spec.mode == "code":  # cut short: the same budget won't help
                     raise IncompleteOutputError(
                         f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
                         "raise max_new_tokens", result.text, result.token_ids, result.stats) from err
@@ -238,7 +238,8 @@ class SpecStruct(AsyncCalls):
                 f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
                 "complete value; remove that stop string (constrained outputs end by themselves)",
                 text, decode.token_ids, decode.stats, reason="stop")
-        if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not constraint.is_final():
+        if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not finished(constraint,
+                                                                                                    self.eos_token_ids):
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
                 f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)

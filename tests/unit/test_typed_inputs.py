@@ -155,3 +155,36 @@ def test_accepts_reads_special_token_text_as_the_text_the_engine_writes(engine):
     text as the special token, which no constraint allows."""
     assert engine.constraint(ss.Choice(["<|im_end|>", "x"])).accepts("<|im_end|>")
     assert engine.constraint({"type": "string"}).accepts('"<|im_end|>"')
+
+
+@pytest.mark.parametrize("text, output_type, budget", [
+    ("abc", ss.Choice(["a", "abc"]), 1), ("123456789", int, 2), ("2024", ss.Regex("[0-9]+"), 1)])
+def test_a_value_cut_by_max_new_tokens_is_never_returned_as_complete(text, output_type, budget):
+    """Found by probing: "a" of "abc", 123 of 123456789 came back as values (finish_reason "length"): the
+    constraint was final there, but the model was still writing."""
+    from specstruct.testing import scripted_engine
+
+    with pytest.raises(ss.IncompleteOutputError):
+        scripted_engine(text).run("go", output_type, max_new_tokens=budget)
+
+
+def test_a_complete_value_on_the_last_token_is_returned_or_retried_not_called_cut():
+    from pydantic import BaseModel, field_validator
+
+    from specstruct.testing import scripted_engine
+
+    engine = scripted_engine('{"a": 1}')
+    budget = len(engine.tokenizer.encode('{"a": 1}', add_special_tokens=False))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert engine.run("go", schema, max_new_tokens=budget).value == {"a": 1}
+
+    class Never(BaseModel):
+        a: int
+
+        @field_validator("a")
+        @classmethod
+        def no(cls, value):
+            raise ValueError("never")
+
+    with pytest.raises(ss.ValidationRetryError):  # was IncompleteOutputError ("raise max_new_tokens")
+        engine.run("go", Never, max_new_tokens=budget)
