@@ -267,7 +267,11 @@ def test_a_request_whose_kv_can_never_fit_is_a_400():
 def test_a_closed_engine_is_unhealthy_and_its_requests_are_503s():
     """Found by probing Ray Serve: /health said ok and requests got a 500 (advice for library callers) while a
     replica's engine was closed; a load balancer needs 503 to route elsewhere."""
-    engine = tiny_engine()
+    import specstruct as ss
+    from specstruct.testing import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, seed=0), tok, model_name=MODEL)  # its own: the shared one must stay open
     app = create_app(engine, served_model_name=MODEL, api_key=KEY)
     with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
         root = base.removesuffix("/v1")
@@ -276,3 +280,23 @@ def test_a_closed_engine_is_unhealthy_and_its_requests_are_503s():
         health = httpx.get(root + "/health")
         assert health.status_code == 503 and "closed" in health.json()["error"]
         expect(post(c, {}), 503, code="engine_unavailable")
+
+
+def test_usage_reports_cached_prompt_tokens_and_stop_applies_to_constrained_replies():
+    """Found by probing: usage had no prompt_tokens_details.cached_tokens although the prefix cache served the
+    prompt; `stop` was silently dropped for response_format / structured_outputs / tools."""
+    engine = tiny_engine()
+    app = create_app(engine, served_model_name=MODEL, api_key=KEY, limits=ServerLimits(max_tokens_cap=300))
+    long = [{"role": "user", "content": "cached " * 300}]
+    with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        first = post(c, {"messages": long, "max_tokens": 2}).json()["usage"]
+        second = post(c, {"messages": long, "max_tokens": 2}).json()["usage"]
+        cached = [u["prompt_tokens_details"]["cached_tokens"] for u in (first, second)]
+        assert cached[0] < first["prompt_tokens"] // 2 < cached[1] < second["prompt_tokens"]  # (a shared template
+        # prefix may be cached from earlier requests; the repeated prompt's body only the second time)
+        plain = post(c, {"max_tokens": 30, "structured_outputs": {"regex": "[a-c]{20}"}}).json()["choices"][0]
+        stop = plain["message"]["content"][5:7]
+        cut = post(c, {"max_tokens": 30, "structured_outputs": {"regex": "[a-c]{20}"}, "stop": [stop]}).json()
+        choice = cut["choices"][0]
+        assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
+        assert plain["message"]["content"].startswith(choice["message"]["content"])

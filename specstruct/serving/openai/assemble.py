@@ -23,9 +23,12 @@ def call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:
             {"tool_calls": [{"index": i, "function": {"arguments": call["arguments"]}}]}]
 
 
-def usage(stats: Any) -> dict[str, int]:
+def usage(stats: Any) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served."""
     p, c = int(getattr(stats, "prompt_tokens", 0)), int(getattr(stats, "new_tokens", 0))
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = int(getattr(stats, "cached_prompt_tokens", 0) or 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def speculation(stats: Any) -> dict[str, Any]:
@@ -71,9 +74,10 @@ class Assembler:
         return out
 
     def finish(self, cut: IncompleteOutputError | None = None) -> list[dict[str, Any]]:
-        """The last deltas; sets `finish_reason` and `stats`. `cut`: max_tokens ended a constrained reply."""
+        """The last deltas; sets `finish_reason` and `stats`. `cut`: max_tokens or a stop string ended a
+        constrained reply before it was complete (finish_reason "length" or "stop", as OpenAI reports them)."""
         if cut is not None:
-            text, ids, self.finish_reason, self.stats = cut.text, cut.token_ids, "length", cut.stats
+            text, ids, self.finish_reason, self.stats = cut.text, cut.token_ids, cut.reason, cut.stats
         else:
             r = self.result
             text, ids, self.finish_reason, self.stats = r.text, r.token_ids, r.finish_reason, r.stats
@@ -90,7 +94,7 @@ class Assembler:
         else:
             out = self._out(*self.streamer.cut()) if cut is not None else []  # a call cut short, as far as written
             out += self._out(*self.streamer.finish())
-        if self.calls and self.finish_reason != "length":
+        if self.calls and cut is None:
             self.finish_reason = "tool_calls"
         return out
 

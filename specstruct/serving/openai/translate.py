@@ -166,7 +166,7 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
     elif tool_choice not in (None, "none", "auto"):
         raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
     kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                  stop=req.stop_list() if output_type is None else None)  # stop strings would cut a constraint
+                  stop=req.stop_list())  # with a constraint too, as OpenAI: an output it cuts short is reported cut
     return EngineCall(chat_messages(req.messages), output_type, tools, kwargs, param, mode)
 
 
@@ -184,5 +184,5 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
         prompt = prompt[0]
     output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
-                  top_p=req.top_p, seed=req.seed, stop=req.stop_list() if output_type is None else None)
+                  top_p=req.top_p, seed=req.seed, stop=req.stop_list())
     return EngineCall(prompt, output_type, None, kwargs, param, mode)
