@@ -211,7 +211,7 @@ class SpecStruct(AsyncCalls):
             try:
                 result.value = spec.parse(result.text)
             except RETRYABLE as err:
-                if result.finish_reason == "length" and spec.spec.mode == "code":  # cut short: the same budget won't help
+                if result.finish_reason == "length" and spec.spec.mode == "code":  # cut: the budget won't help
                     raise IncompleteOutputError(
                         f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
                         "raise max_new_tokens", result.text, result.token_ids, result.stats) from err

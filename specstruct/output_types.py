@@ -33,7 +33,7 @@ from specstruct.errors import ConstraintError
 from specstruct.constraints.base import ConstraintSpec, Mode
 from specstruct.constraints.compiler import default_json_backend
 from specstruct.constraints.schema_check import relaxed
-from specstruct.constraints.llguidance_schema import llguidance_source
+from specstruct.constraints.llguidance_schema import llguidance_source, required_tags
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _pydantic(t: Any) -> OutputSpec:
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {_safe_repr(t)}: Pydantic cannot describe it as JSON "
                               f"({_safe_repr(e)}).") from e
-    source = relaxed(schema) if default_json_backend() == "outlines" else llguidance_source(schema)
+    source = relaxed(schema) if default_json_backend() == "outlines" else required_tags(llguidance_source(schema))
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
 

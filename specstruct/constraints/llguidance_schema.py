@@ -35,3 +35,27 @@ def _compiles(pattern: str) -> bool:
     from llguidance import LLMatcher
 
     return not LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(pattern))
+
+
+def required_tags(schema: Any) -> Any:
+    """A Pydantic schema (a copy) where every branch of a discriminated union requires its tag. Pydantic leaves a
+    tag with a default (`kind: Literal["cat"] = "cat"`) out of `required`, yet its validator needs the tag to pick
+    the branch, so without this a valid-looking object with no tag never validates."""
+    defs = schema.get("$defs", {}) if isinstance(schema, dict) else {}
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        todo.extend(node.values())
+        disc = node.get("discriminator")
+        tag = disc.get("propertyName") if isinstance(disc, dict) else None
+        for branch in (node.get("oneOf") or node.get("anyOf") or []) if tag else []:
+            ref = branch.get("$ref", "") if isinstance(branch, dict) else ""
+            target = defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else branch
+            if isinstance(target, dict) and tag in (target.get("properties") or {}):
+                target["required"] = list(dict.fromkeys([*(target.get("required") or []), tag]))
+    return schema

@@ -233,3 +233,22 @@ def test_rich_pydantic_model_round_trips(tok):
 def test_plain_python_types(tok, t, text, value):
     out = resolve(t)
     assert out.mode == "json" and compiled(tok, out).accepts(text) and out.parse(text) == value
+
+
+def test_a_discriminated_unions_tag_is_required_even_with_a_default(tok):
+    """Found by probing: Pydantic leaves a defaulted tag out of `required`, so the grammar let the model omit it,
+    and Pydantic (which needs the tag to pick the branch) then rejected every such output."""
+    from typing_extensions import Annotated
+
+    class Cat(BaseModel):
+        kind: Literal["cat"] = "cat"
+        lives: int
+
+    class Dog(BaseModel):
+        kind: Literal["dog"] = "dog"
+        name: str
+
+    pet = Annotated[Union[Cat, Dog], Field(discriminator="kind")]
+    c = compiled(tok, resolve(pet))
+    assert c.accepts('{"kind": "cat", "lives": 9}') and not c.accepts('{"lives": 9}')
+    assert compiled(tok, resolve(Cat)).accepts('{"lives": 9}')  # outside the union the tag keeps its default

@@ -241,7 +241,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if truncated is not None:  # a cut call goes out as its chunk: merged, it lands in invalid_tool_calls
             tail, late = (streamer.cut() if streamer.mode == "tags" else streamer.finish()) if streamer else ("", [])
             last = AIMessageChunk(content=tail, tool_call_chunks=late, chunk_position="last",
-                                  usage_metadata=truncated.usage_metadata, response_metadata=truncated.response_metadata)
+                                  usage_metadata=truncated.usage_metadata,
+                                  response_metadata=truncated.response_metadata)
             yield ChatGenerationChunk(message=last)
             return
         if result is None:

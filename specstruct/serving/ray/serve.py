@@ -92,7 +92,7 @@ def build_app(model: str | Callable[[], Any], *, draft: str | None = None, confi
                                    health_check_timeout_s=health_check_timeout_s, **deployment_options)
     if autoscaling_config is not None:
         if replicas != 1:  # as Ray's deployment.options() refuses num_replicas with autoscaling_config
-            raise ValueError(f"replicas={replicas} with autoscaling_config: set min_replicas/max_replicas there instead")
+            raise ValueError(f"replicas={replicas} with autoscaling_config: set min_replicas/max_replicas there")
         options["autoscaling_config"] = {"target_ongoing_requests": max_batch_size, **autoscaling_config}
     else:
         options["num_replicas"] = replicas
