@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import gc
 import weakref
 from typing import Any, Generator, Iterator, Sequence, TypeVar, overload
 
@@ -23,7 +22,7 @@ from .results import Chunk, Result
 from .decoding import stops
 from .decoding.kv.memory import KVBudget, build as build_kv_tiers, close_all
 from .decoding.preempt import Preemption
-from .decoding.load_memory import trim_heap
+from .decoding.load_memory import collect_and_trim, trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
@@ -106,8 +105,7 @@ class SpecStruct(AsyncCalls):
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
-        gc.collect()             # cycle) now, and give its heap back to the system (1 GB for the 0.5B draft)
-        trim_heap()
+        collect_and_trim()       # cycle) now, and give its heap back to the system (1 GB for the 0.5B draft)
         return engine
 
     # -- building blocks ----------------------------------------------------------------------------------------
@@ -238,8 +236,8 @@ class SpecStruct(AsyncCalls):
                 f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
                 "complete value; remove that stop string (constrained outputs end by themselves)",
                 text, decode.token_ids, decode.stats, reason="stop")
-        if decode.finish_reason == "length" and spec.spec.mode not in ("text", "code") and not finished(constraint,
-                                                                                                    self.eos_token_ids):
+        if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
+                and not finished(constraint, self.eos_token_ids)):
             raise IncompleteOutputError(
                 f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
                 f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)

@@ -107,3 +107,11 @@ def trim_heap() -> bool:
         return bool(libc.malloc_trim(0)) if libc is not None else False
     except AttributeError:  # a C library without malloc_trim (musl)
         return False
+
+
+def collect_and_trim() -> None:
+    """Free what was just dropped (a transformers model is a reference cycle) and hand the heap back."""
+    import gc
+
+    gc.collect()
+    trim_heap()
