@@ -300,3 +300,24 @@ def test_usage_reports_cached_prompt_tokens_and_stop_applies_to_constrained_repl
         choice = cut["choices"][0]
         assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
         assert plain["message"]["content"].startswith(choice["message"]["content"])
+
+
+def test_every_streamed_request_observes_time_to_first_token(http, served):
+    """Found by probing: a streamed tool call cut by max_tokens sends its deltas only at the end, and was never
+    counted in specstruct_time_to_first_token_seconds."""
+    base = served[1]
+
+    def ttft_count() -> float:
+        text = http.get(base.removesuffix("/v1") + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("specstruct_time_to_first_token_seconds_count")))
+
+    before = ttft_count()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "string", "minLength": 300}}, "required": ["n"]}}}]
+    for _ in range(2):
+        with http.stream("POST", "/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 30,
+                                                            "tools": tools, "tool_choice": "required",
+                                                            "stream": True}) as r:
+            assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    assert ttft_count() == before + 2

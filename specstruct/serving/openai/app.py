@@ -127,10 +127,10 @@ class _Server:
             cut = None
             try:
                 async for chunk in source:
+                    if first:  # the engine's first token, whether or not it shows yet (a call is held until whole)
+                        self.metrics.ttft.observe(time.perf_counter() - started)
+                        first = False
                     for delta in asm.feed(chunk):
-                        if first:
-                            self.metrics.ttft.observe(time.perf_counter() - started)
-                            first = False
                         yield shape.chunk(delta)
             except IncompleteOutputError as e:
                 cut = e
