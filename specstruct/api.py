@@ -13,6 +13,7 @@ import torch
 
 from .config import BatchConfig, SpecConfig
 from .constraints import Constraint, compile_constraint
+from .constraints.base import finished
 from .decoding.engine import Engine
 from .decoding.openmp import release_pool
 from .decoding.scheduler import DecoderFactory, Scheduler
@@ -26,7 +27,7 @@ from .decoding.load_memory import collect_and_trim, trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_models, check_prompt, check_system, finished, resolve_device, too_long
+from .inputs import check_models, check_prompt, check_system, resolve_device, too_long
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]

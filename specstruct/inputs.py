@@ -90,14 +90,3 @@ def resolve_device(device: str) -> str:
         raise InvalidParameterError(f"SpecConfig.device={device!r}, but this torch sees no CUDA device: use 'cpu' "
                                     "or 'auto'")
     return device
-
-
-def finished(constraint: Any, eos_ids: Any) -> bool:
-    """Whether an output that max_new_tokens stopped is the whole value: the constraint is final and allows nothing
-    but the end. Final alone is not enough: Choice(["a", "abc"]) is final after "a", and "123" of an integer the
-    model was still writing parses, but neither is what the model was writing."""
-    if not constraint.is_final():
-        return False
-    legal = constraint.mask().clone()
-    legal[[e for e in eos_ids if e < legal.shape[0]]] = False
-    return not bool(legal.any())

@@ -7,7 +7,7 @@ plugs in by returning an object with these methods from `compile_constraint`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -68,3 +68,14 @@ def output_text(text: object) -> str:
         raise TypeError(f"accepts() takes the output text as a str, got {type(text).__name__}; for a value, "
                         "pass json.dumps(value)")
     return text
+
+
+def finished(constraint: Any, eos_ids: Any) -> bool:
+    """Whether an output that max_new_tokens stopped is the whole value: the constraint is final and allows nothing
+    but the end. Final alone is not enough: Choice(["a", "abc"]) is final after "a", and "123" of an integer the
+    model was still writing parses, but neither is what the model was writing."""
+    if not constraint.is_final():
+        return False
+    legal = constraint.mask().clone()
+    legal[[e for e in eos_ids if e < legal.shape[0]]] = False
+    return not bool(legal.any())

@@ -53,16 +53,25 @@ def _libc():
         return None
 
 
+def in_file(t: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    """Whether `t`'s storage lies in one of `ranges` (file_ranges()): a CPU tensor read from a mapped file."""
+    if t.device.type != "cpu" or t.is_sparse or t.is_mkldnn:
+        return False
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # an opaque tensor (a packed weight) has no plain storage
+        return False
+    return any(a <= ptr < b for a, b in ranges)
+
+
 def page_out(t: torch.Tensor, ranges: list[tuple[int, int]] | None = None) -> int:
     """Ask the kernel to reclaim the whole pages of `t`'s storage when they belong to a file mapping (`ranges`:
     file_ranges(), read once by a caller doing many tensors). Best effort; returns the bytes advised (0: none)."""
     libc = _libc()
-    if libc is None or t.device.type != "cpu" or t.is_mkldnn:
+    if libc is None or not in_file(t, file_ranges() if ranges is None else ranges):
         return 0
     storage = t.untyped_storage()
     ptr, size = storage.data_ptr(), storage.nbytes()
-    if not any(a <= ptr < b for a, b in (file_ranges() if ranges is None else ranges)):
-        return 0
     start, end = -(-ptr // _PAGE) * _PAGE, (ptr + size) // _PAGE * _PAGE  # only pages wholly inside the tensor
     if end <= start:
         return 0
@@ -76,25 +85,15 @@ def own_mapped_tensors(model: torch.nn.Module) -> int:
     ranges = file_ranges()
     if not ranges:
         return 0
-
-    def mapped(t: torch.Tensor) -> bool:
-        if t.device.type != "cpu" or t.is_sparse or t.is_mkldnn:
-            return False
-        try:
-            ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):  # an opaque tensor (a packed weight) has no plain storage
-            return False
-        return any(a <= ptr < b for a, b in ranges)
-
     copied = 0
     with torch.no_grad():
         for p in model.parameters():  # unique Parameter objects: a tied weight is seen once
-            if mapped(p):
+            if in_file(p, ranges):
                 p.data = p.data.clone()
                 copied += p.numel() * p.element_size()
         for mod in model.modules():
             for name, b in list(mod._buffers.items()):
-                if b is not None and mapped(b):
+                if b is not None and in_file(b, ranges):
                     mod._buffers[name] = b.clone()
                     copied += b.numel() * b.element_size()
     return copied

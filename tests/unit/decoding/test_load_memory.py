@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specstruct.decoding.load_memory import file_ranges, own_mapped_tensors, trim_heap
+from specstruct.decoding.load_memory import file_ranges, in_file, own_mapped_tensors, trim_heap
 from specstruct.decoding.runtime import ModelRuntime, make_row_invariant
 from specstruct.testing import tiny_model, tiny_tokenizer
 
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def _in_file(t: torch.Tensor) -> bool:
-    ptr = t.untyped_storage().data_ptr()
-    return any(a <= ptr < b for a, b in file_ranges())
+    return in_file(t, file_ranges())
 
 
 def _plain_tensors(model):
