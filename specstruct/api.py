@@ -106,7 +106,7 @@ class SpecStruct(AsyncCalls):
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
-        collect_and_trim()       # cycle) now, and give its heap back to the system (1 GB for the 0.5B draft)
+        collect_and_trim()       # cycle) now, and give its heap back to the system (bench.load_memory)
         return engine
 
     # -- building blocks ----------------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
 transformers maps a safetensors checkpoint into memory and its tensors point into that mapping. Prepacking
 (linear.pack_linears) reads every Linear weight once and keeps its own copy; the plain weights are dropped, but
-the few tensors still in the file (embeddings, which a tied LM head reads every step; norms; biases) keep the
+the few tensors still in the file (input embeddings, which a tied LM head reads every step; norms; biases) keep the
 whole mapping open, and every page the packing read stays counted in the process's memory (6 GB of file pages
 for Qwen2.5-Coder-1.5B, on top of the 6 GB packed copy). `own_mapped_tensors` copies those remaining tensors
-into ordinary memory (about 0.9 GB for that model, pages it touched anyway) so the mapping can close.
+into ordinary memory (the embeddings are most of it) so the mapping can close.
 
 `page_out` asks the kernel to reclaim a file-backed tensor's pages at once (MADV_PAGEOUT: clean pages are dropped
 and read again from the file if touched, nothing is lost): pack_linears calls it on each plain weight it has
@@ -13,7 +13,7 @@ replaced, so packing never holds both copies of every weight (the peak while loa
 pages plus its packed copy).
 
 `trim_heap` hands freed heap back to the system; SpecStruct calls it once the models are loaded. Loading frees
-float32 copies (the draft's, once it is int8) in pieces small enough that glibc keeps them: 1.4 GB here.
+float32 copies (the draft's, once it is int8) in pieces small enough that glibc keeps them.
 
 Linux / glibc only (/proc/self/maps, malloc_trim); elsewhere both change nothing.
 """
