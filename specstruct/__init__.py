@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 _WHERE = {
     "SpecStruct": "api", "SpecConfig": "config", "BatchConfig": "config", "Result": "results", "Stats": "results",
     "DrafterStats": "results", "Chunk": "results", "Regex": "output_types", "Choice": "output_types",
-    "Grammar": "output_types", "Code": "output_types", "pull": "models",
+    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies",
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
         "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError")},
 }
 _SUBMODULES = {"api", "config", "errors", "results", "output_types", "streaming", "inputs", "extras", "testing",
-               "aio", "chunks", "many",
+               "aio", "chunks", "many", "tools", "tool_replies",
                "constraints", "decoding", "models", "bench", "cli", "serving"}
 __all__ = list(_WHERE)
 __version__ = "0.1.0"
@@ -49,3 +49,4 @@ if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from .models import pull
     from .output_types import Choice, Code, Grammar, Regex
     from .results import Chunk, DrafterStats, Result, Stats
+    from .tool_replies import ToolReply

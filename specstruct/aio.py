@@ -17,11 +17,11 @@ class AsyncCalls:
 
     async def arun(self, prompt: Any, output_type: Any = None, *, system: str | None = None,
                    tools: list[dict] | None = None, config: Any = None, timeout: float | None = None,
-                   **overrides: Any) -> Result:
+                   tool_choice: Any = None, **overrides: Any) -> Result:
         """`run` for asyncio (same arguments): `result = await engine.arun(prompt, Person)`."""
         if unknown := set(overrides) - set(CONFIG_KEYS):
             raise TypeError(f"arun() got unexpected keyword arguments {sorted(unknown)}")
-        plan = self._attempts(prompt, output_type, system, tools, self._config(config, **overrides))
+        plan = self._attempts(prompt, output_type, system, tools, self._config(config, **overrides), tool_choice)
         loop, until = asyncio.get_running_loop(), deadline(timeout)
         job = await loop.run_in_executor(None, next, plan)  # compiling a schema may take a while: not on the loop
         while True:
@@ -41,11 +41,12 @@ class AsyncCalls:
 
     async def astream(self, prompt: Any, output_type: Any = None, *, system: str | None = None,
                       tools: list[dict] | None = None, config: Any = None, timeout: float | None = None,
-                      **overrides: Any) -> AsyncIterator[Chunk]:
+                      tool_choice: Any = None, **overrides: Any) -> AsyncIterator[Chunk]:
         """`stream` for asyncio: `async for chunk in engine.astream(prompt, Person): ...`."""
         loop = asyncio.get_running_loop()
         cfg = self._config(config, **overrides)
-        chunks, job = await loop.run_in_executor(None, self._stream_job, prompt, output_type, system, tools, cfg)
+        chunks, job = await loop.run_in_executor(None, self._stream_job, prompt, output_type, system, tools, cfg,
+                                                 tool_choice)
         req = self.scheduler.submit(*job, loop=loop)
         try:
             async for new in req.atokens(deadline(timeout)):

@@ -27,22 +27,11 @@ from .decoding.load_memory import collect_and_trim, trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_models, check_prompt, check_system, resolve_device, too_long
+from .inputs import check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
+from .tool_replies import reply_spec
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]]
-EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
-
-
-def eos_token_ids(tokenizer, model) -> list[int]:
-    """Every id that ends a turn: the tokenizer's EOS, the generation config's, and the usual chat end tokens."""
-    ids = {tokenizer.eos_token_id}
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[name] for name in EOS_NAMES if name in vocab)
-    return sorted(i for i in ids if i is not None)
 
 
 class SpecStruct(AsyncCalls):
@@ -173,14 +162,15 @@ class SpecStruct(AsyncCalls):
             tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
             config: SpecConfig | None = None, timeout: float | None = None,
-            cache_salt: str | None = None) -> Result:
+            cache_salt: str | None = None, tool_choice: Any = None) -> Result:
         """Generate once (plus validation retries) and return the value with its text, tokens and stats.
         Safe from any number of threads: concurrent calls share the engine's batches. `timeout` (seconds, queue
         and decoding and retries together) cancels the request and raises RequestTimeoutError. `cache_salt` keeps
-        this call's cached prompt prefix apart from calls with another salt (per tenant)."""
+        this call's cached prompt prefix apart from calls with another salt (per tenant). `tools` (OpenAI tool
+        dicts) without an output type: the reply is a ToolReply whose calls the grammar checked (tool_replies)."""
         cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                            seed=seed, stop=stop, cache_salt=cache_salt)
-        plan, until = self._attempts(prompt, output_type, system, tools, cfg), deadline(timeout)
+        plan, until = self._attempts(prompt, output_type, system, tools, cfg, tool_choice), deadline(timeout)
         job = next(plan)
         while True:
             req = self.scheduler.submit(*job)
@@ -194,10 +184,11 @@ class SpecStruct(AsyncCalls):
                 return done.value
 
     def _attempts(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
-                  cfg: SpecConfig) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
+                  cfg: SpecConfig, tool_choice: Any = None
+                  ) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
         """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
         finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
-        spec = resolve(output_type)
+        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
         constraint = self._compile(spec)
         messages = self._messages(prompt, spec, system)
         attempts: list[dict[str, Any]] = []
@@ -208,7 +199,7 @@ class SpecStruct(AsyncCalls):
             result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
                             finish_reason=row.finish_reason)
             try:
-                result.value = spec.parse(result.text)
+                result.value = spec.parse(result.text, row.token_ids)
             except RETRYABLE as err:
                 if result.finish_reason == "length" and spec.spec.mode == "code":  # cut: the budget won't help
                     raise IncompleteOutputError(
@@ -264,12 +255,13 @@ class SpecStruct(AsyncCalls):
 
     def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
                tools: list[dict] | None = None, config: SpecConfig | None = None, timeout: float | None = None,
-               **overrides: Any) -> Iterator[Chunk]:
+               tool_choice: Any = None, **overrides: Any) -> Iterator[Chunk]:
         """Yield text as it is accepted (several tokens at once when drafts are accepted). JSON modes also carry the
         partial object. The last chunk carries the validated Result; a stream is validated once, without retries.
         A stream is a request like any other: reading it slowly never blocks other calls, and closing (or
         dropping) it cancels the request."""
-        chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides))
+        chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides),
+                                       tool_choice)
         req = self.scheduler.submit(*job)
         try:
             for new in req.tokens(deadline(timeout)):
@@ -280,8 +272,9 @@ class SpecStruct(AsyncCalls):
         yield chunks.final(req.row)
 
     def _stream_job(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
-                    cfg: SpecConfig) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
-        spec = resolve(output_type)
+                    cfg: SpecConfig, tool_choice: Any = None
+                    ) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
+        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
         constraint = self._compile(spec).fork()
         ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
         return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)

@@ -32,7 +32,7 @@ class StreamChunks:
     def final(self, row: Any) -> Chunk:
         text = self.owner._finish(row, self.spec, self.constraint, self.cfg)
         try:
-            value = self.spec.parse(text)
+            value = self.spec.parse(text, row.token_ids)
         except RETRYABLE as err:
             raise ValidationRetryError(f"the streamed output failed validation: {err}",
                                        [{"text": text, "error": str(err), "stats": row.stats}]) from err

@@ -90,3 +90,17 @@ def resolve_device(device: str) -> str:
         raise InvalidParameterError(f"SpecConfig.device={device!r}, but this torch sees no CUDA device: use 'cpu' "
                                     "or 'auto'")
     return device
+
+
+EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """Every id that ends a turn: the tokenizer's EOS, the generation config's, and the usual chat end tokens."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[name] for name in EOS_NAMES if name in vocab)
+    return sorted(i for i in ids if i is not None)

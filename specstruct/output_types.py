@@ -98,14 +98,15 @@ class OutputSpec:
     instruction: str
     parser: Callable[[str], Any] = field(repr=False)
     output_type: Any = None
+    from_tokens: Callable[[str, Any], Any] | None = field(default=None, repr=False)  # a value that needs the ids
 
     @property
     def mode(self) -> Mode:
         return self.spec.mode
 
-    def parse(self, text: str) -> Any:
+    def parse(self, text: str, token_ids: Any = ()) -> Any:
         """The value of `text`; raises pydantic.ValidationError, ValueError or SyntaxError when it fails."""
-        return self.parser(text)
+        return self.from_tokens(text, token_ids) if self.from_tokens else self.parser(text)
 
 
 def resolve(output_type: Any) -> OutputSpec:

@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..api import eos_token_ids
+from ..inputs import eos_token_ids
 from .measure import Measurement, Settings, chat_ids, prompt_messages
 from .fairness import linear_numerics
 from .workloads import Workload

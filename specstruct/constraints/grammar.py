@@ -8,7 +8,7 @@ many real tokens to hand back to the matcher.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -34,11 +34,19 @@ def _lltokenizer(tokenizer, table, vocab_size: int):
         return _LLTOKENIZERS[key]
 
 
-def _special_ids(tokenizer, vocab_size: int) -> np.ndarray:
+def _special_ids(tokenizer, vocab_size: int, lark: str = "") -> np.ndarray:
+    """The special ids no mask lets through: all of them, except those the grammar names as tokens (`<tool_call>`
+    or `<[151657]>`), which llguidance allows only where the grammar puts them."""
     from specstruct.constraints.token_table import token_table
 
     special = token_table(tokenizer).eos_like
-    return special[special < vocab_size]
+    named = {int(i) for i in special if f"<[{int(i)}]>" in lark
+             or _named(tokenizer.convert_ids_to_tokens(int(i)), lark)}
+    return np.array([i for i in special if i < vocab_size and int(i) not in named], dtype=special.dtype)
+
+
+def _named(token: Any, lark: str) -> bool:
+    return isinstance(token, str) and token.startswith("<") and token.endswith(">") and token in lark
 
 
 def _limit_error(error: str) -> ConstraintError:
@@ -59,11 +67,11 @@ class GrammarConstraint:
     """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
 
     def __init__(self, matcher, tokenizer, vocab_size: int, eos_ids: Sequence[int], mode: str,
-                 stack: list[bool] | None = None):
+                 stack: list[bool] | None = None, special: np.ndarray | None = None):
         self._m, self._tokenizer, self.vocab_size, self.mode = matcher, tokenizer, vocab_size, mode
         self._eos = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
         self._stack = stack if stack is not None else []  # True: an EOS we accepted; False: a real token
-        self._special = _special_ids(tokenizer, vocab_size)
+        self._special = _special_ids(tokenizer, vocab_size) if special is None else special
 
     @classmethod
     def compile(cls, lark: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
@@ -81,7 +89,7 @@ class GrammarConstraint:
         matcher = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
         if matcher.is_error():
             raise ConstraintError(f"invalid Lark grammar: {matcher.get_error()}")
-        return cls(matcher, tokenizer, vocab_size, eos_ids, mode)
+        return cls(matcher, tokenizer, vocab_size, eos_ids, mode, special=_special_ids(tokenizer, vocab_size, lark))
 
     def _done(self) -> bool:
         return bool(self._stack) and self._stack[-1]
@@ -140,7 +148,7 @@ class GrammarConstraint:
 
     def fork(self) -> "GrammarConstraint":
         return GrammarConstraint(self._m.deep_copy(), self._tokenizer, self.vocab_size, self._eos, self.mode,
-                                 list(self._stack))
+                                 list(self._stack), self._special)
 
     def accepts(self, text: str) -> bool:
         ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)

@@ -1,0 +1,74 @@
+"""Tool calls on the Python API: `tools=` without an output type constrains the reply like the server does and
+returns a ToolReply; before, the tools only reached the chat template and a call came back as unchecked text."""
+
+import asyncio
+import json
+
+import pytest
+
+import specstruct as ss
+from specstruct.testing import scripted_engine
+from specstruct.tool_replies import reply_spec
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+MOOD = {"type": "function", "function": {"name": "set_mood", "parameters": {
+    "type": "object", "properties": {"level": {"type": "integer"}}, "required": ["level"]}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_a_call_comes_back_parsed_and_checked():
+    engine = scripted_engine(CALL, max_new_tokens=60)
+    reply = engine.generate("Weather in Paris?", tools=[WEATHER, MOOD])
+    assert isinstance(reply, ss.ToolReply)
+    assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert reply.content == "" and reply.tool_calls[0]["id"].startswith("call_")
+
+
+def test_a_call_to_an_unbound_tool_or_with_wrong_arguments_is_outside_the_constraint():
+    engine = scripted_engine(CALL, max_new_tokens=60)
+    constraint = engine._compile(reply_spec(engine.tokenizer, None, [WEATHER, MOOD], "auto"))
+    assert constraint.accepts(CALL) and constraint.accepts("It is sunny.")
+    assert not constraint.accepts('<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>')
+    assert not constraint.accepts('<tool_call>\n{"name": "set_mood", "arguments": {"level": "high"}}\n</tool_call>')
+    assert not constraint.accepts("Let me check.\n" + CALL)  # text then a call spelled out: an unchecked call
+
+
+def test_text_replies_and_tool_choice_none():
+    engine = scripted_engine("It is sunny.", max_new_tokens=20)
+    assert engine.generate("hi", tools=[WEATHER]) == ss.ToolReply("It is sunny.", [])
+    reply = scripted_engine(CALL, max_new_tokens=60).generate("hi", tools=[WEATHER], tool_choice="none")
+    assert reply.tool_calls == [] and "<tool_call>" not in reply.content
+
+
+def test_stream_and_async_give_the_same_reply():
+    engine = scripted_engine(CALL, max_new_tokens=60)
+    last = list(engine.stream("hi", tools=[WEATHER]))[-1].result.value
+    done = asyncio.run(engine.agenerate("hi", tools=[WEATHER], tool_choice="get_weather"))
+    for reply in (last, done):
+        assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_an_output_type_decides_the_reply_and_bad_tool_choices_say_why():
+    engine = scripted_engine('{"city": "Paris"}', max_new_tokens=30)
+    schema = WEATHER["function"]["parameters"]
+    assert engine.generate("hi", schema, tools=[WEATHER]) == {"city": "Paris"}  # tools only render the history
+    with pytest.raises(ss.InvalidParameterError, match="exclude each other"):
+        engine.run("hi", schema, tools=[WEATHER], tool_choice="required")
+    with pytest.raises(ss.InvalidParameterError, match="needs tools"):
+        engine.run("hi", tool_choice="required")
+    with pytest.raises(ValueError, match="names no bound tool"):
+        engine.run("hi", tools=[WEATHER], tool_choice="nope")
+    assert json.loads(json.dumps(engine.generate("hi", tools=[WEATHER]).tool_calls)) is not None
+
+
+def test_markers_as_added_tokens_still_parse():
+    """Qwen2.5's `<tool_call>` is one added token; the reply is parsed from the ids, markers kept."""
+    import copy
+
+    from specstruct.testing import tiny_tokenizer
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.add_tokens(["<tool_call>", "</tool_call>"], special_tokens=True)  # hidden by skip_special_tokens
+    reply = scripted_engine(CALL, tokenizer=tok, max_new_tokens=60).generate("hi", tools=[WEATHER])
+    assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
