@@ -175,13 +175,32 @@ def _pydantic(t: Any) -> OutputSpec:
         t_schema = t
     try:
         adapter = TypeAdapter(t_schema)
-        schema = adapter.json_schema()
+        schema = adapter.json_schema(schema_generator=_key_patterns())
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {_safe_repr(t)}: Pydantic cannot describe it as JSON "
                               f"({_safe_repr(e)}).") from e
     source = relaxed(schema) if default_json_backend() == "outlines" else required_tags(llguidance_source(schema))
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
+
+
+def _key_patterns() -> type:
+    """Pydantic's JSON-schema generator, plus a `propertyNames` pattern for dicts keyed by int (Pydantic writes
+    none, so any key was allowed and validation failed on "one"): JSON integers without sign or leading zeros,
+    a subset of the keys Pydantic parses as int."""
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class KeyPatterns(GenerateJsonSchema):
+        def dict_schema(self, schema: Any) -> Any:
+            out = super().dict_schema(schema)
+            if schema.get("keys_schema", {}).get("type") == "int" and "propertyNames" not in out:
+                out["propertyNames"] = {"pattern": INT_KEY}
+            return out
+
+    return KeyPatterns
+
+
+INT_KEY = r"^-?(0|[1-9][0-9]*)$"
 
 
 def _as_extensions_typeddict(t: type) -> type:

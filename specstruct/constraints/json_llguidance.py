@@ -29,6 +29,7 @@ from specstruct.constraints.limits import check_schema, limits, llguidance_limit
 from specstruct.constraints.schema_branches import MAX_ONE_OF, deref, rewrite_branches
 from specstruct.constraints.schema_closing import close_objects, open_all_of_refs
 from specstruct.constraints.schema_logic import dict_nodes, resolve_pointer, rewrite_logic
+from specstruct.constraints.schema_names import rewrite_property_names
 from specstruct.errors import ConstraintError
 
 OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False, "coerce_one_of": False,
@@ -59,7 +60,7 @@ def prepare(source: str | dict | bool, one_of: bool = False) -> Any:
     """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed (allOf members that are `$ref`s
     open, as inline members are), then `if`/`then`/`else` (and if `one_of`, every other oneOf), `not` and dependency
     keywords rewritten into exact positive equivalents where they have one (schema_branches, schema_logic)."""
-    schema = discriminated_oneofs(parse_schema(source))
+    schema = rewrite_property_names(discriminated_oneofs(parse_schema(source)))
     closed = open_all_of_refs(close_objects(schema, one_of=one_of), schema, one_of)
     return rewrite_logic(rewrite_branches(closed, schema, one_of), original=schema)
 

@@ -1,0 +1,75 @@
+"""`propertyNames` rewritten into object keywords llguidance has (constraints/schema_names.py): each form accepts what
+the original schema accepts (checked against `jsonschema`) and rejects what it rejects, random walks end only in
+instances of the original; forms without an exact rewrite stay refused. Pydantic dicts keyed by Literal, Enum or int
+compile and keep their keys."""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+from specstruct.errors import ConstraintError
+from test_schema_logic import check_labels_and_automaton, check_random_walks, make
+
+INT = {"type": "integer"}
+CASES = {
+    "enum": ({"type": "object", "propertyNames": {"enum": ["a", "b"]}, "additionalProperties": INT},
+             [{}, {"a": 1}, {"a": 1, "b": 2}], [{"c": 1}, {"a": "x"}]),
+    "const": ({"type": "object", "propertyNames": {"const": "k"}}, [{"k": [1]}, {}], [{"j": 1}]),
+    "enum with declared and pattern properties": (
+        {"type": "object", "properties": {"a": {"type": "string"}, "z": INT}, "required": ["a"],
+         "patternProperties": {"^b": {"type": "boolean"}}, "propertyNames": {"enum": ["a", "b1", "c"]},
+         "additionalProperties": INT},
+        [{"a": "x"}, {"a": "x", "b1": True, "c": 3}], [{}, {"a": "x", "z": 1}, {"a": "x", "b1": 1}, {"a": "x", "c": "y"}]),
+    "pattern": ({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": {"type": "string"}},
+                [{}, {"1": "x", "22": "y"}], [{"a": "x"}, {"1": 2}]),
+    "pattern drops a declared key it does not match": (
+        {"type": "object", "properties": {"ab": INT, "9": INT}, "propertyNames": {"pattern": "^[0-9]$"}},
+        [{"9": 1}, {"8": "free"}], [{"ab": 1}, {"9": "x"}, {"10": 1}]),
+    "false": ({"type": "object", "propertyNames": False}, [{}], [{"a": 1}]),
+    "true": ({"type": "object", "propertyNames": True, "additionalProperties": INT}, [{"a": 1}], [{"a": "x"}]),
+    "$ref to an enum": ({"$defs": {"C": {"type": "string", "enum": ["red", "blue"]}}, "type": "object",
+                         "propertyNames": {"$ref": "#/$defs/C"}}, [{"red": 1}], [{"green": 1}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rewrite_accepts_valid_and_rejects_invalid(tok, name):
+    check_labels_and_automaton(tok, name, *CASES[name])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_random_walks_end_only_in_instances_of_the_original_schema(tok, name):
+    check_random_walks(tok, name, CASES[name][0])
+
+
+@pytest.mark.parametrize("names", [{"maxLength": 3}, {"not": {"const": "a"}}, {"format": "email"}])
+def test_forms_without_an_exact_rewrite_stay_refused(tok, names):
+    with pytest.raises(ConstraintError, match="propertyNames"):
+        make(tok, {"type": "object", "propertyNames": names})
+
+
+def test_pydantic_dicts_keyed_by_literal_enum_or_int():
+    from specstruct.testing import scripted_engine
+
+    class Colour(str, enum.Enum):
+        red = "red"
+        blue = "blue"
+
+    class Scores(BaseModel):
+        by_id: dict[int, float]
+        by_colour: dict[Colour, int] = {}
+        by_name: dict[Literal["x", "y"], str] = {}
+
+    text = '{"by_id": {"3": 1.5}, "by_colour": {"red": 1}}'
+    engine = scripted_engine(text, max_new_tokens=40)
+    c = engine.constraint(Scores)
+    assert c.accepts('{"by_id": {"3": 1.5, "-2": 0.5}, "by_colour": {"red": 1}, "by_name": {"y": "a"}}')
+    for bad in ('{"by_id": {"three": 1.5}}', '{"by_id": {"03": 1.5}}', '{"by_id": {}, "by_colour": {"green": 1}}',
+                '{"by_id": {}, "by_name": {"z": "a"}}'):
+        assert not c.accepts(bad), bad
+    value = engine.generate("Scores:", Scores)
+    assert value.by_id == {3: 1.5} and value.by_colour == {Colour.red: 1}
