@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 _WHERE = {
     "SpecStruct": "api", "SpecConfig": "config", "BatchConfig": "config", "Result": "results", "Stats": "results",
     "DrafterStats": "results", "Chunk": "results", "Regex": "output_types", "Choice": "output_types",
-    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies",
+    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies", "RawPrompt": "inputs",
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
@@ -49,4 +49,5 @@ if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from .models import pull
     from .output_types import Choice, Code, Grammar, Regex
     from .results import Chunk, DrafterStats, Result, Stats
+    from .inputs import RawPrompt
     from .tool_replies import ToolReply

@@ -13,25 +13,23 @@ import torch
 
 from .config import BatchConfig, SpecConfig
 from .constraints import Constraint, compile_constraint
-from .constraints.base import finished
 from .decoding.engine import Engine
 from .decoding.openmp import release_pool
 from .decoding.scheduler import DecoderFactory, Scheduler
-from .errors import IncompleteOutputError, ValidationRetryError
+from .errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
 from .output_types import OutputSpec, resolve
 from .results import Chunk, Result
-from .decoding import stops
 from .decoding.kv.memory import KVBudget, build as build_kv_tiers, close_all
 from .decoding.preempt import Preemption
 from .decoding.load_memory import collect_and_trim, trim_heap
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
-from .chunks import RETRYABLE, StreamChunks, deadline
-from .inputs import check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
+from .chunks import RETRYABLE, StreamChunks, deadline, final_text
+from .inputs import RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
 from .tool_replies import reply_spec
 
 T = TypeVar("T")
-Prompt = str | Sequence[dict[str, Any]]
+Prompt = str | Sequence[dict[str, Any]] | RawPrompt
 
 
 class SpecStruct(AsyncCalls):
@@ -123,6 +121,11 @@ class SpecStruct(AsyncCalls):
     def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
         messages = check_prompt(prompt)
         check_system(system)
+        if isinstance(messages, RawPrompt):
+            if system:
+                raise InvalidPromptError("system= needs chat messages: a RawPrompt is continued as written, so put "
+                                         "that text into it, or pass messages")
+            return messages  # type: ignore[return-value]
         instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
         if instruction:
             if messages and messages[0].get("role") == "system":
@@ -133,11 +136,13 @@ class SpecStruct(AsyncCalls):
 
     def _encode(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new_tokens: int) -> list[int]:
         tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
+        if isinstance(messages, RawPrompt):
+            text = messages.text
+        elif getattr(tok, "chat_template", None):
             text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         else:
             text = "\n\n".join(str(m["content"]) for m in messages) + "\n\n"
-        ids = tok.encode(text, add_special_tokens=False)
+        ids = tok.encode(text, add_special_tokens=isinstance(messages, RawPrompt))  # a template writes its own BOS
         limit = self.runtime.max_length
         if limit and len(ids) + max_new_tokens > limit:
             raise too_long(messages, ids, tok, max_new_tokens, limit)
@@ -195,7 +200,7 @@ class SpecStruct(AsyncCalls):
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
             row = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
-            text = self._finish(row, spec, fork, cfg)
+            text = final_text(self, row, spec, fork, cfg)
             result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
                             finish_reason=row.finish_reason)
             try:
@@ -206,6 +211,8 @@ class SpecStruct(AsyncCalls):
                         f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
                         "raise max_new_tokens", result.text, result.token_ids, result.stats) from err
                 attempts.append({"text": result.text, "error": str(err), "stats": result.stats})
+                if isinstance(messages, RawPrompt):
+                    break  # no conversation to feed the error back into
                 messages = messages + [  # a retry is a new request, queued like any other
                     {"role": "assistant", "content": result.text},
                     {"role": "user", "content": f"That answer failed validation:\n{err}\nAnswer again, fixing it."},
@@ -214,26 +221,9 @@ class SpecStruct(AsyncCalls):
             result.attempts = attempts
             return result
         raise ValidationRetryError(
-            f"the output failed validation {len(attempts)} times (max_retries={cfg.max_retries}); "
+            f"the output failed validation {len(attempts)} times (max_retries={cfg.max_retries}"
+            f"{'; a RawPrompt is not retried' if isinstance(messages, RawPrompt) else ''}); "
             f"last error: {attempts[-1]['error']}", attempts)
-
-    def _finish(self, decode, spec: OutputSpec, constraint: Constraint, cfg: SpecConfig) -> str:
-        """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
-        is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
-        full = self.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
-        text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
-        if text != full and spec.spec.mode not in ("text", "code") and not self._compile(spec).accepts(text):
-            hit = min((s for s in cfg.stop if s in full), key=full.find)
-            raise IncompleteOutputError(
-                f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
-                "complete value; remove that stop string (constrained outputs end by themselves)",
-                text, decode.token_ids, decode.stats, reason="stop")
-        if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
-                and not finished(constraint, self.eos_token_ids)):
-            raise IncompleteOutputError(
-                f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
-                f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
-        return text
 
     @overload
     def generate(self, prompt: Prompt, output_type: None = None, **kwargs: Any) -> str: ...

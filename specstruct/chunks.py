@@ -1,12 +1,15 @@
-"""A stream's chunks from its committed tokens: text deltas (with the partial object in JSON modes), then a last
-chunk with the validated Result. Shared by `SpecStruct.stream` and `astream`."""
+"""From a request's committed tokens to text: the final text of a finished row (cut at stops, complete under its
+constraint or IncompleteOutputError), and a stream's chunks: text deltas (with the partial object in JSON modes), then
+a last chunk with the validated Result. Shared by `run`, `stream` and their asyncio twins."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .errors import ValidationRetryError
+from .constraints.base import finished
+from .decoding import stops
+from .errors import IncompleteOutputError, ValidationRetryError
 from .output_types import OutputSpec
 from .results import Chunk, Result
 from .streaming import IncrementalDetokenizer, partial_json
@@ -17,6 +20,25 @@ RETRYABLE = (ValueError, SyntaxError, TypeError)  # pydantic.ValidationError is 
 def deadline(timeout: float | None) -> float | None:
     """A `timeout=` in seconds as a time.monotonic() deadline (None: no limit)."""
     return None if timeout is None or timeout == float("inf") else time.monotonic() + timeout  # inf: no limit
+
+
+def final_text(owner: Any, decode: Any, spec: OutputSpec, constraint: Any, cfg: Any) -> str:
+    """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
+    is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
+    full = owner.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
+    text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
+    if text != full and spec.spec.mode not in ("text", "code") and not owner._compile(spec).accepts(text):
+        hit = min((s for s in cfg.stop if s in full), key=full.find)
+        raise IncompleteOutputError(
+            f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
+            "complete value; remove that stop string (constrained outputs end by themselves)",
+            text, decode.token_ids, decode.stats, reason="stop")
+    if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
+            and not finished(constraint, owner.eos_token_ids)):
+        raise IncompleteOutputError(
+            f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
+            f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
+    return text
 
 
 class StreamChunks:
@@ -30,7 +52,7 @@ class StreamChunks:
         return Chunk(text=delta, partial=partial_json(self.detok.safe_text) if self.json_mode else None) if delta else None
 
     def final(self, row: Any) -> Chunk:
-        text = self.owner._finish(row, self.spec, self.constraint, self.cfg)
+        text = final_text(self.owner, row, self.spec, self.constraint, self.cfg)
         try:
             value = self.spec.parse(text, row.token_ids)
         except RETRYABLE as err:

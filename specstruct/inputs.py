@@ -4,6 +4,7 @@ InvalidPromptError that names the item and the fix, never a tokenizer's TypeErro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from specstruct.errors import InvalidParameterError, InvalidPromptError, PromptTooLongError
@@ -20,8 +21,22 @@ def _check_text(text: str, where: str) -> None:
             "Unicode text; decode the source with errors='replace' or remove it") from None
 
 
-def check_prompt(prompt: Any) -> list[dict[str, Any]]:
-    """The prompt as chat messages (copies), or InvalidPromptError."""
+@dataclass(frozen=True)
+class RawPrompt:
+    """Text the model continues as written: no chat template and no system message (the output type is not quoted
+    to the model), and no validation retries (there is no conversation to feed an error back into). What an OpenAI
+    `/v1/completions` request sends, and what a base model wants: `engine.run(ss.RawPrompt("def add("), ...)`."""
+
+    text: str
+
+
+def check_prompt(prompt: Any) -> list[dict[str, Any]] | RawPrompt:
+    """The prompt as chat messages (copies), a RawPrompt as is, or InvalidPromptError."""
+    if isinstance(prompt, RawPrompt):
+        if not isinstance(prompt.text, str) or not prompt.text:
+            raise InvalidPromptError(f"RawPrompt takes the text as a non-empty str, got {prompt.text!r:.80}")
+        _check_text(prompt.text, "the prompt")
+        return prompt
     if isinstance(prompt, str):
         _check_text(prompt, "the prompt")
         return [{"role": "user", "content": prompt}]
@@ -60,7 +75,8 @@ def too_long(messages: list[dict[str, Any]], ids: list[int], tokenizer: Any, max
              limit: int) -> PromptTooLongError:
     """The error for a prompt that leaves no room for max_new_tokens; it says when the system message (where the
     output type is quoted for the model: a long schema, option list or grammar) is most of the prompt."""
-    system = messages[0]["content"] if messages and messages[0].get("role") == "system" else ""
+    system = (messages[0]["content"] if isinstance(messages, list) and messages and messages[0].get("role") == "system"
+              else "")
     share = len(tokenizer.encode(system, add_special_tokens=False)) if isinstance(system, str) and system else 0
     where = (f" ({share} of them are the system message, which quotes the output type for the model: a long "
              "schema, option list or grammar; shorten it or the prompt)") if share > len(ids) // 2 else ""

@@ -197,6 +197,8 @@ def test_tool_calls_with_marker_tokens(marker_url):
 def test_completions_endpoint(client):
     r = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=5)
     assert r.object == "text_completion" and r.usage.completion_tokens == 5
+    # the prompt is continued as written (as vLLM and OpenAI do), not wrapped in the chat template
+    assert r.usage.prompt_tokens == len(tiny_engine().tokenizer.encode("Answer:"))
     r = client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=5,
                                   extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
     assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"

@@ -185,4 +185,4 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
     output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
                   top_p=req.top_p, seed=req.seed, stop=req.stop_list())
-    return EngineCall(prompt, output_type, None, kwargs, param, mode)
+    return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode)  # continued as written
