@@ -43,13 +43,13 @@ class AsyncCalls:
                       tools: list[dict] | None = None, config: Any = None, timeout: float | None = None,
                       tool_choice: Any = None, **overrides: Any) -> AsyncIterator[Chunk]:
         """`stream` for asyncio: `async for chunk in engine.astream(prompt, Person): ...`."""
-        loop = asyncio.get_running_loop()
+        loop, until = asyncio.get_running_loop(), deadline(timeout)
         cfg = self._config(config, **overrides)
         chunks, job = await loop.run_in_executor(None, self._stream_job, prompt, output_type, system, tools, cfg,
                                                  tool_choice)
         req = self.scheduler.submit(*job, loop=loop)
         try:
-            async for new in req.atokens(deadline(timeout)):
+            async for new in req.atokens(until):
                 if (chunk := chunks.push(new)) is not None:
                     yield chunk
         finally:

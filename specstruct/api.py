@@ -250,11 +250,12 @@ class SpecStruct(AsyncCalls):
         partial object. The last chunk carries the validated Result; a stream is validated once, without retries.
         A stream is a request like any other: reading it slowly never blocks other calls, and closing (or
         dropping) it cancels the request."""
+        until = deadline(timeout)  # compiling counts, as in run()
         chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides),
                                        tool_choice)
         req = self.scheduler.submit(*job)
         try:
-            for new in req.tokens(deadline(timeout)):
+            for new in req.tokens(until):
                 if (chunk := chunks.push(new)) is not None:
                     yield chunk
         finally:

@@ -4,12 +4,13 @@ a last chunk with the validated Result. Shared by `run`, `stream` and their asyn
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from .constraints.base import finished
 from .decoding import stops
-from .errors import IncompleteOutputError, ValidationRetryError
+from .errors import IncompleteOutputError, InvalidParameterError, ValidationRetryError
 from .output_types import OutputSpec
 from .results import Chunk, Result
 from .streaming import IncrementalDetokenizer, partial_json
@@ -18,8 +19,13 @@ RETRYABLE = (ValueError, SyntaxError, TypeError)  # pydantic.ValidationError is 
 
 
 def deadline(timeout: float | None) -> float | None:
-    """A `timeout=` in seconds as a time.monotonic() deadline (None: no limit)."""
-    return None if timeout is None or timeout == float("inf") else time.monotonic() + timeout  # inf: no limit
+    """A `timeout=` in seconds as a time.monotonic() deadline (None or inf: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise InvalidParameterError(f"timeout={timeout!r}: give seconds as a number >= 0 (None or float('inf'): "
+                                    "no limit)")
+    return None if timeout == float("inf") else time.monotonic() + timeout
 
 
 def final_text(owner: Any, decode: Any, spec: OutputSpec, constraint: Any, cfg: Any) -> str:

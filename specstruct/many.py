@@ -32,14 +32,18 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
         finally:
             bar.update(1)
 
-    with bar, ThreadPoolExecutor(workers, thread_name_prefix="specstruct-many") as pool:
-        futures = [pool.submit(one, p) for p in prompts]
-        if not return_exceptions:
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = next((f for f in futures if f in finished and f.exception() is not None), None)
-            if failed is not None:
-                for f in futures:
-                    f.cancel()
-                raise failed.exception()
-        wait(futures)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="specstruct-many")
+    try:
+        with bar:
+            futures = [pool.submit(one, p) for p in prompts]
+            if not return_exceptions:
+                finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                failed = next((f for f in futures if f in finished and f.exception() is not None), None)
+                if failed is not None:
+                    raise failed.exception()
+            wait(futures)
+    except BaseException:  # the first failure, or Ctrl-C: start no more prompts (those running finish)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [f.exception() if f.exception() is not None else f.result() for f in futures]

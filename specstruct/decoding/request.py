@@ -68,9 +68,10 @@ class Request:
 
     def tokens(self, deadline: float | None = None) -> Iterator[list[int]]:
         """Committed tokens as they come (blocking); raises the row's error, or RequestTimeoutError at
-        `deadline` (time.monotonic()), cancelling the request."""
+        `deadline` (time.monotonic()), cancelling the request. A request that finished in time is read to the end
+        however slowly its reader reads."""
         while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
+            timeout = None if deadline is None or self.done else deadline - time.monotonic()  # done: all queued
             try:
                 if timeout is not None and timeout <= 0:
                     raise queue.Empty
@@ -87,7 +88,7 @@ class Request:
     async def atokens(self, deadline: float | None = None) -> AsyncIterator[list[int]]:
         """`tokens()` for an asyncio task (the request must have been submitted with this loop)."""
         while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
+            timeout = None if deadline is None or self.done else deadline - time.monotonic()
             try:
                 if timeout is not None and timeout <= 0:
                     raise asyncio.TimeoutError

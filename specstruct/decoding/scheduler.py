@@ -77,16 +77,7 @@ class Scheduler:
         with self._cv:
             if self._closed is not None:
                 raise EngineClosedError(f"the engine is closed ({self._closed}); build a new SpecStruct")
-            # A request the loop will admit into a free slot is not queueing: max_queue counts those beyond the
-            # slots (so max_batch_size + max_queue callers at once never overload, however late the loop admits).
-            # Paused requests hold no place. (len() of the loop's dict is one atomic read.)
-            free = max(0, self.config.max_batch_size - len(self._active))
-            waiting = len(self._waiting) - len(self._paused)
-            if waiting >= self.config.max_queue + free:
-                raise OverloadedError(
-                    f"{waiting} requests are already waiting for {free} free slots (BatchConfig.max_batch_size="
-                    f"{self.config.max_batch_size}, max_queue={self.config.max_queue}): retry later, raise "
-                    "max_queue, or send fewer requests at once")
+            self._check_room()
             req = Request(prompt, constraint, config, wake=self._wake, loop=loop)
             self._waiting.append(req)
             if self._thread is None:
@@ -95,6 +86,26 @@ class Scheduler:
             self._cv.notify_all()
         release_pool()  # this thread's OpenMP pool, if it has one, would slow the decode thread (openmp.py)
         return req
+
+    def check_room(self) -> None:
+        """OverloadedError now if a request submitted now would get one (a server answers 429 before it starts a
+        stream, whose status line would otherwise already be 200)."""
+        with self._cv:
+            self._check_room()
+
+    def _check_room(self) -> None:
+        # A request the loop will admit into a free slot is not queueing: max_queue counts those beyond the
+        # slots (so max_batch_size + max_queue callers at once never overload, however late the loop admits).
+        # Paused and cancelled requests hold no place (the loop drops cancelled ones before its next admission).
+        # list() of the loop's dict is one atomic copy under the GIL.
+        running = sum(1 for _, r in list(self._active.values()) if not r.cancelled)
+        free = max(0, self.config.max_batch_size - running)
+        waiting = sum(1 for r in self._waiting if not r.cancelled and r not in self._paused)
+        if waiting >= self.config.max_queue + free:
+            raise OverloadedError(
+                f"{waiting} requests are already waiting for {free} free slots (BatchConfig.max_batch_size="
+                f"{self.config.max_batch_size}, max_queue={self.config.max_queue}): retry later, raise "
+                "max_queue, or send fewer requests at once")
 
     @property
     def waiting(self) -> int:
@@ -108,15 +119,17 @@ class Scheduler:
     def paused(self) -> int:
         return len(self._paused)
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the loop: waiting requests fail with EngineClosedError, the running ones at the next step."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the loop: waiting requests fail with EngineClosedError, the running ones at the next step. Waits
+        for the step under way (a long prefill takes seconds): at interpreter exit, a thread still inside torch
+        would abort the process (`terminate called without an active exception`)."""
         with self._cv:
             if self._closed is None:
                 self._closed = EngineClosedError("closed")
             self._cv.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)  # bounded: the thread is a daemon, interpreter exit never waits on it
+            thread.join(timeout)
 
     def _wake(self) -> None:
         with self._cv:
@@ -142,8 +155,11 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), deque()
         for row, req in list(self._active.values()):
             self._drop(row, req, reason)
+        if isinstance(reason, EngineClosedError):
+            reason = EngineClosedError("the engine was closed before this request started")
         for req in waiting:
-            self._end_waiting(req, reason)
+            self._end_waiting(req, reason if req not in self._paused else EngineClosedError(
+                "the engine was closed while this request was paused"))
 
     def _admit(self) -> bool:
         """Wait for work, then admit waiting requests into free slots (arrival order). False once closed."""

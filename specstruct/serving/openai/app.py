@@ -63,6 +63,9 @@ class _Server:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             shape = Shape(chat, self.name, include_usage=include_usage and req.stream)
             if req.stream:
+                room = getattr(getattr(self.engine, "scheduler", None), "check_room", None)
+                if room is not None:
+                    room()  # overload is a 429 here; once the stream starts the status line says 200
                 streaming = True
                 return StreamingResponse(self._sse(call, shape, endpoint, started), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -146,6 +149,9 @@ class _Server:
             status = err.status
             yield shape.error_chunk(err.body())
             yield DONE
+        except (GeneratorExit, asyncio.CancelledError):  # the client went away (counted as _complete counts it)
+            status = 499
+            raise
         finally:  # also on client disconnect (the response task is cancelled): cancel the generation
             cancel.set()
             self.live.discard(cancel)

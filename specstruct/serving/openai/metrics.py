@@ -47,10 +47,10 @@ class Metrics:
             self.tokens_per_pass.labels(mode).observe(stats.tokens_per_forward)
 
     def scrape(self, engine: Any) -> bytes:
-        """Prometheus text; engine-side gauges (queue, batch rows) are read when the engine exposes them."""
-        for gauge, name in ((self.queue, "queue_length"), (self.batch_rows, "batch_rows")):
-            value = getattr(engine, name, None)
-            value = value() if callable(value) else value
+        """Prometheus text; the engine-side gauges are read from its scheduler (waiting requests, running rows)."""
+        scheduler = getattr(engine, "scheduler", None)
+        for gauge, name in ((self.queue, "waiting"), (self.batch_rows, "active")):
+            value = getattr(scheduler, name, None)
             if isinstance(value, (int, float)):
                 gauge.set(value)
         return generate_latest(self.registry)

@@ -1,0 +1,59 @@
+"""Engine-side overload and the engine's gauges (found by probing): a stream the engine cannot queue is a 429 before
+its status line goes out (not a 200 with an error event); /metrics reads the scheduler's queue and running rows; a
+client that leaves a stream is counted as 499, not 200."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from server_fixtures import MODEL, running
+from test_server_errors import SpyEngine, expect, wait_idle
+
+import specstruct as ss
+from specstruct.serving.openai import create_app
+from specstruct.testing import tiny_model, tiny_tokenizer
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": True,
+        "structured_outputs": {"regex": "[ab]{200}"}}
+
+
+@pytest.fixture(scope="module")
+def one_slot():
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, model_name=MODEL,
+                           batch_config={"max_batch_size": 1, "max_queue": 0, "timeout_ms": 0})
+    app = create_app(SpyEngine(engine), served_model_name=MODEL)
+    with running(app) as base, httpx.Client(base_url=base, timeout=60) as http:
+        yield app.state.specstruct, http, base.removesuffix("/v1")
+    engine.close()
+
+
+def test_a_stream_the_engine_cannot_queue_is_a_429_and_the_gauges_show_it(one_slot):
+    server, http, root = one_slot
+    server.engine.held.set()  # the first stream keeps the only slot until the checks are done
+    try:
+        with http.stream("POST", "/chat/completions", json=BODY) as first:
+            lines = first.iter_lines()
+            assert next(lines).startswith("data: ")  # the role chunk, sent before the request reaches the engine
+            scheduler, deadline = server.engine.scheduler, time.monotonic() + 20
+            while scheduler.waiting + scheduler.active == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            resp = http.post("/chat/completions", json=BODY)
+            expect(resp, 429, code="overloaded")
+            assert resp.headers.get("Retry-After")
+            metrics = http.get(root + "/metrics").text
+            assert "specstruct_batch_rows 1.0" in metrics
+        deadline = time.monotonic() + 20  # still held: the server sees the client leave, not the stream end
+        while not server.engine.ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.engine.held.clear()
+    wait_idle(server)
+    deadline = time.monotonic() + 20  # the cancelled row leaves the batch at the loop's next step
+    while server.engine.scheduler.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    metrics = http.get(root + "/metrics").text
+    assert 'specstruct_requests_total{endpoint="chat",status="499"} 1.0' in metrics  # the stream left early
+    assert "specstruct_batch_rows 0.0" in metrics and "specstruct_queue_length 0.0" in metrics

@@ -1,0 +1,110 @@
+"""Requests that end early, slowly or badly (found by probing): a finished request is read to the end however slowly;
+cancelled requests hold no queue place; odd timeouts are refused by name; generate_many stops on the first error;
+closing waits for the step under way."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import specstruct as ss
+import specstruct.decoding.batch as batch
+from specstruct.testing import scripted_engine, tiny_model, tiny_tokenizer
+
+JSON = '{"a": 1, "b": [true, false]}'
+
+
+def test_a_finished_request_is_read_to_the_end_by_a_slow_reader():
+    engine = scripted_engine(JSON, max_new_tokens=30)
+    chunks = []
+    for chunk in engine.stream("x", {"type": "object"}, timeout=0.5):
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            time.sleep(0.8)  # decoding ends meanwhile, well within the timeout
+    assert chunks[-1].result.value == {"a": 1, "b": [True, False]}
+
+    async def slow_async() -> dict:
+        got = []
+        async for chunk in engine.astream("x", {"type": "object"}, timeout=0.5):
+            got.append(chunk)
+            if len(got) == 1:
+                await asyncio.sleep(0.8)
+        return got[-1].result.value
+
+    assert asyncio.run(slow_async()) == {"a": 1, "b": [True, False]}
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "1", True])
+def test_odd_timeouts_are_refused_by_name(timeout):
+    engine = scripted_engine(JSON, max_new_tokens=30)
+    with pytest.raises(ss.InvalidParameterError, match="timeout="):
+        engine.run("x", timeout=timeout)
+    with pytest.raises(ss.InvalidParameterError, match="timeout="):
+        list(engine.stream("x", timeout=timeout))
+    with pytest.raises(ss.InvalidParameterError, match="timeout="):
+        asyncio.run(engine.arun("x", timeout=timeout))
+
+
+def test_cancelled_requests_hold_no_queue_place(monkeypatch):
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=8),
+                           batch_config={"max_batch_size": 1, "max_queue": 1, "timeout_ms": 0})
+    engine.run("warm", max_new_tokens=1)
+    step = batch.BatchDecoder.step
+
+    def slow(self):
+        time.sleep(0.4)
+        return step(self)
+
+    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    a = threading.Thread(target=engine.run, args=("A",))
+    a.start()
+    time.sleep(0.1)
+    with pytest.raises(ss.RequestTimeoutError):
+        engine.run("B", timeout=0.05)  # waits in the queue, gives up
+    engine.scheduler.check_room()  # B's place is free again at once, not after the step under way
+    a.join()
+    engine.close()
+
+
+def test_generate_many_starts_nothing_after_the_first_failure():
+    engine = scripted_engine(JSON, max_new_tokens=30, max_retries=0)
+    calls = []
+    original = engine.generate
+
+    def counting(prompt, *args, **kwargs):
+        calls.append(prompt)
+        if prompt == "bad":
+            raise ValueError("bad prompt")
+        time.sleep(0.05)
+        return original(prompt, *args, **kwargs)
+
+    engine.generate = counting
+    with pytest.raises(ValueError, match="bad prompt"):
+        engine.generate_many(["bad"] + ["ok"] * 60, progress=False)
+    assert len(calls) < 30  # the workers running when it failed, not the whole list
+
+
+def test_close_waits_for_the_step_under_way(monkeypatch):
+    """A step still inside torch at interpreter exit aborts the process; close() waits for it instead."""
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=4))
+    engine.run("warm", max_new_tokens=1)
+    step = batch.BatchDecoder.step
+
+    def slow(self):
+        time.sleep(2.5)
+        return step(self)
+
+    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(ss.EngineClosedError, engine.run, "A")))
+    t.start()
+    time.sleep(0.3)
+    engine.close()
+    assert not engine.scheduler._thread.is_alive()
+    assert engine.cache_info()["entries"] == 0  # the loop did not refill the closed prefix cache after close()
+    t.join()
