@@ -82,7 +82,7 @@ class SpecStruct(AsyncCalls):
         keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue)."""
         from .models.loading import load
 
-        config = config or SpecConfig(**(decoding_params or {}))
+        config = (config or SpecConfig()).merged(**(decoding_params or {}))  # both: decoding_params win
         device = resolve_device(config.device)
         dtype = getattr(torch, config.dtype) if config.dtype != "auto" else torch.float32
         target, tokenizer = load(model, device=device, dtype=dtype)

@@ -110,19 +110,18 @@ class SpecConfig(BaseModel):
     def for_call(self, config: "SpecConfig | dict[str, Any] | None", **overrides: Any) -> "SpecConfig":
         """The config of one call: `config` (a SpecConfig, or a dict of its keys over this one; None: this one)
         with `overrides` merged."""
-        given: set[str] = set()
-        if isinstance(config, dict):  # the keys of SpecConfig, as from_pretrained's decoding_params takes them
-            given, config = set(config), self.merged(**config)
-        elif isinstance(config, SpecConfig):
-            given = set(config.model_fields_set)
-        elif config is not None:
+        if isinstance(config, SpecConfig):  # the keys it sets, over this one's (its defaults would reset the engine's)
+            config = {k: getattr(config, k) for k in config.model_fields_set}
+        elif config is not None and not isinstance(config, dict):
             raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
-        if config is not None:  # an engine key the call sets to another value would be silently ignored
-            differs = sorted(k for k in ENGINE_KEYS if k in given and getattr(config, k) != getattr(self, k))
-            if differs:
-                raise InvalidParameterError(f"{differs} apply to the whole engine (its models, caches and memory), "
-                                            "not to one call: set them when building the engine")
-        return (self if config is None else config).merged(**overrides)
+        keys = {**(config or {}), **{k: v for k, v in overrides.items() if v is not None}}
+        call = self.merged(**keys)
+        # an engine key the call sets to another value would be silently ignored
+        differs = sorted(k for k in ENGINE_KEYS if k in keys and getattr(call, k) != getattr(self, k))
+        if differs:
+            raise InvalidParameterError(f"{differs} apply to the whole engine (its models, caches and memory), "
+                                        "not to one call: set them when building the engine")
+        return call
 
     def merged(self, **overrides: Any) -> "SpecConfig":
         """A copy with the given keys replaced (None values are ignored). A bad value raises

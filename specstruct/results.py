@@ -42,7 +42,7 @@ class Stats:
     verify_time_s: float = 0.0  # target passes after prefill
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
     k_histogram: dict[int, int] = field(default_factory=dict)  # candidates per step -> steps
-    queue_s: float = 0.0  # from submission to the request's first pass (waiting for a slot)
+    queue_s: float = 0.0  # from submission to admission into a batch slot (waiting; the prefill is not in it)
     batch_rows: float = 0.0  # mean rows per pass among the passes this request shared (1.0 = decoded alone)
     preempted: int = 0  # times the scheduler paused it to free KV memory for older requests (docs/kv-memory.md)
     numerics: str = ""

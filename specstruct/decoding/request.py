@@ -30,9 +30,12 @@ class Request:
         self._items: Any = asyncio.Queue() if loop is not None else queue.SimpleQueue()
 
     # -- scheduler side ---------------------------------------------------------------------------------------
-    def observe_pass(self, rows: int, now: float) -> None:
+    def admitted(self) -> None:
+        """Given a slot: the wait in the queue ends here (the first pass, its prefill, is decoding time)."""
         if self.queue_s is None:
-            self.queue_s = now - self.submitted
+            self.queue_s = time.perf_counter() - self.submitted
+
+    def observe_pass(self, rows: int, now: float) -> None:
         self._rows += rows
         self._passes += 1
 

@@ -220,6 +220,7 @@ class Scheduler:
 
     def _start(self, req: Request) -> None:
         paused = self._paused.get(req)
+        req.admitted()
         try:
             if paused is not None:
                 self.preemption.resume(self.decoder, paused)

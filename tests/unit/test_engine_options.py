@@ -85,3 +85,37 @@ def test_a_draft_that_differs_only_in_padding_rows_is_used_and_stays_lossless(to
         got = e.run(prompt, schema)
     assert got.token_ids == want and got.stats.drafted > 0
     assert draft.get_output_embeddings().weight.shape[0] == draft_rows  # the user's draft is left as it was
+
+
+def test_a_per_call_specconfig_sets_only_its_own_keys_and_engine_keys_are_refused_everywhere():
+    """`config=SpecConfig(temperature=0)` used to reset every other key to SpecConfig's defaults (512 tokens,
+    speculation back on), unlike the same keys as a dict; stream() took engine keys as keywords silently."""
+    from specstruct.testing import scripted_engine
+
+    engine = scripted_engine("hello there, friend", max_new_tokens=3, enable_speculative=False)
+    for config in ({"temperature": 0}, ss.SpecConfig(temperature=0)):
+        result = engine.run("x", config=config)
+        assert len(result.token_ids) == 3 and result.stats.drafted == 0
+    for call in (lambda: engine.run("x", config=ss.SpecConfig(dtype="bfloat16")),
+                 lambda: list(engine.stream("x", dtype="bfloat16")),
+                 lambda: list(engine.stream("x", prefix_cache_bytes=0))):
+        with pytest.raises(ss.InvalidParameterError, match="apply to the whole engine"):
+            call()
+
+
+def test_queue_time_ends_at_admission_not_after_the_prefill(monkeypatch):
+    import time
+
+    import specstruct.decoding.batch as batch
+    from specstruct.testing import scripted_engine
+
+    engine = scripted_engine('{"a": 1}', max_new_tokens=10)
+    step = batch.BatchDecoder.step
+
+    def slow(self):
+        time.sleep(0.3)
+        return step(self)
+
+    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    stats = engine.run("x").stats
+    assert stats.queue_s < 0.25 < stats.elapsed_s  # alone: no wait, however long its first pass
