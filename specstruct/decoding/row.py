@@ -59,6 +59,17 @@ class _WithConfig:
         setattr(self._policy, name, value)  # learning lands in the shared policy
 
 
+def generator_seed(seed: int) -> int:
+    """torch's CPU generator keeps the low 32 bits of its seed, so 0, 2**32 and 2**63 gave the same samples. Seeds
+    in [0, 2**32) are used as given (seeded outputs stay as they were); others are mixed (splitmix64) first."""
+    if 0 <= seed < 2**32:
+        return seed
+    z = (seed + 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) & (2**32 - 1)
+
+
 class Row:
     """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
     (the exception that failed it, else None) and `stats`."""
@@ -77,7 +88,7 @@ class Row:
             self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
         else:
             self.policy = _WithConfig(engine.policy, config)
-        self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
+        self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
         self.draft_kv = None  # the draft model's (draft_batch.DraftState), when one drafts for this row

@@ -252,6 +252,35 @@ def test_smaller_deviations_from_openai(http):
                param="tools[0].function.name")
 
 
+def test_parameters_that_would_change_the_output_are_refused_or_honoured_never_ignored(http):
+    """vLLM clients send its sampling extras; this server speaks vLLM's structured_outputs, so they are refused by
+    name (or, for the older guided_* fields, honoured), never silently ignored. Numbers as strings are 400s."""
+    for name, value in (("top_k", 1), ("min_p", 0.5), ("repetition_penalty", 2.0), ("min_tokens", 8),
+                        ("ignore_eos", True), ("stop_token_ids", [5]), ("skip_special_tokens", False)):
+        expect(post(http, {name: value}), 400, param=name)
+    assert post(http, {"top_k": -1, "repetition_penalty": 1.0, "min_p": 0}).status_code == 200  # their no-ops
+    r = post(http, {"guided_choice": ["yes", "no"], "max_tokens": 10})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("yes", "no")
+    expect(http.post("/completions", json={"model": MODEL, "prompt": "a", "logprobs": 0}), 400, param="logprobs")
+    for name, value in (("temperature", "0.5"), ("max_tokens", "5"), ("seed", True), ("top_p", "1")):
+        expect(post(http, {name: value}), 400, param=name)
+
+
+def test_without_max_tokens_a_long_prompt_gets_what_the_context_window_leaves():
+    """OpenAI and vLLM default max_tokens to the rest of the window; the server's 512 made a fitting prompt a 400
+    that named a parameter the client never sent."""
+    engine = tiny_engine()
+    sentence = "Ada wrote the first program. "
+    n = len(engine.prompt_ids([{"role": "user", "content": sentence * 100}], max_new_tokens=1))
+    filler = sentence * (100 * 3900 // n)  # about 3,900 of the 4,096-token window
+    with running(create_app(engine, served_model_name=MODEL)) as base, httpx.Client(base_url=base, timeout=120) as c:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": filler}],
+                "structured_outputs": {"regex": "[ab]{1,3}"}}
+        assert c.post("/chat/completions", json=body).status_code == 200
+        err = expect(c.post("/chat/completions", json={**body, "max_tokens": 500}), 400)
+        assert "max_tokens is 500" in err["message"] and "max_new_tokens" not in err["message"]
+
+
 def test_a_request_whose_kv_can_never_fit_is_a_400():
     import specstruct as ss
     from specstruct.testing import tiny_model, tiny_tokenizer

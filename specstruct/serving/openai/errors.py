@@ -48,7 +48,7 @@ def from_exception(exc: BaseException, *, constraint_param: str | None = None, r
     if isinstance(exc, ss_errors.InvalidParameterError):
         return bad_request(str(exc), None, "invalid_value")
     if isinstance(exc, (ss_errors.PromptTooLongError, ss_errors.KVMemoryError)):  # the request can never fit
-        return bad_request(str(exc), prompt_param, "context_length_exceeded")
+        return bad_request(str(exc).replace("max_new_tokens", "max_tokens"), prompt_param, "context_length_exceeded")
     if isinstance(exc, ss_errors.InvalidPromptError):
         return bad_request(str(exc), prompt_param, "invalid_value")
     if isinstance(exc, ss_errors.EngineClosedError):  # retryable elsewhere: a replica that is going away

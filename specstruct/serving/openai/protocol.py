@@ -60,10 +60,11 @@ class ToolChoice(_Open):
 
 class _Sampling(_Open):
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
+    # strict: "0.5" or true for a number is a 400, as OpenAI answers (an int is still a valid float)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float | None = Field(None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(None, gt=0, le=1, strict=True)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, strict=True)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,7 +81,7 @@ class _Sampling(_Open):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
@@ -90,7 +91,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[Any]  # translate.completion_call: one text prompt (token-ID prompts get a clear 400)
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=1, strict=True)  # OpenAI's default for completions
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
@@ -113,8 +114,8 @@ def refuse_unsupported(req: _Sampling) -> None:
     if req.n not in (None, 1):
         raise bad_request(f"n={req.n} is not supported: this server returns one choice per request; send n=1 "
                           "or several requests", "n")
-    logprobs = getattr(req, "logprobs", None)
-    if logprobs not in (None, False, 0):
+    logprobs = getattr(req, "logprobs", None)  # completions' logprobs=0 still asks for the sampled token's
+    if logprobs not in (None, False) or (logprobs == 0 and isinstance(req, CompletionRequest)):
         raise bad_request("logprobs are not supported by this server; omit logprobs or set it to false", "logprobs")
     if getattr(req, "top_logprobs", None):
         raise bad_request("top_logprobs is not supported by this server; omit it", "top_logprobs")
@@ -130,3 +131,32 @@ def refuse_unsupported(req: _Sampling) -> None:
         raise bad_request("best_of > 1 is not supported by this server", "best_of")
     if getattr(req, "suffix", None):
         raise bad_request("suffix (insertion) is not supported by this server", "suffix")
+    _refuse_vllm_extras(extra)
+
+
+# vLLM's sampling extensions (sent in `extra_body` by clients written for vLLM, whose `structured_outputs` this server
+# speaks): each changes the output, so a value other than its no-op is refused rather than silently ignored.
+_VLLM_NO_OPS = {"top_k": (None, 0, -1), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
+                "min_tokens": (None, 0), "ignore_eos": (None, False), "stop_token_ids": (None, []),
+                "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+                "bad_words": (None, []), "allowed_token_ids": (None,), "prompt_logprobs": (None,),
+                "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0)}
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def _refuse_vllm_extras(extra: dict[str, Any]) -> None:
+    for name, no_ops in _VLLM_NO_OPS.items():
+        value = extra.get(name)
+        if not any(value is v or (type(value) is type(v) and value == v) for v in no_ops):
+            raise bad_request(f"{name}={value!r} is not supported by this server (it would change the output); "
+                              "omit it", name)
+
+
+def structured_extra(req: _Sampling) -> dict[str, Any] | None:
+    """`structured_outputs`, or the same from vLLM's older `guided_json` / `guided_regex` / `guided_choice` /
+    `guided_grammar` fields (never silently ignored: those constrain the output)."""
+    extra = req.model_extra or {}
+    guided = {key: extra[name] for name, key in GUIDED.items() if extra.get(name) is not None}
+    if guided and req.structured_outputs:
+        raise bad_request("send structured_outputs or the older guided_* fields, not both", "structured_outputs")
+    return req.structured_outputs or guided or None

@@ -25,6 +25,10 @@ async def prepare(engine: Any, call: EngineCall, limits: ServerLimits) -> int:
 
     def check() -> int:
         engine.constraint(call.output_type)  # a schema / regex / grammar that cannot be guaranteed -> 400
+        window = getattr(getattr(engine, "runtime", None), "max_length", None)
+        if call.fit_default and window:  # as OpenAI and vLLM: no max_tokens sent, so up to what the window leaves
+            n = len(engine.prompt_ids(call.prompt, call.output_type, tools=call.tools, max_new_tokens=1))
+            call.kwargs["max_new_tokens"] = max(1, min(call.max_new_tokens, window - n))
         ids = engine.prompt_ids(call.prompt, call.output_type, tools=call.tools, max_new_tokens=call.max_new_tokens)
         return len(ids)
 

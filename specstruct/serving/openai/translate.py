@@ -13,7 +13,8 @@ from specstruct.errors import ConstraintError
 
 from .errors import bad_request
 from .limits import ServerLimits
-from .protocol import ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported
+from .protocol import (ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported,
+                       structured_extra)
 
 
 @dataclass
@@ -26,6 +27,7 @@ class EngineCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     constraint_param: str | None = None  # the request field a ConstraintError is about
     mode: str = "text"  # text | json | regex | choice | grammar | tools (metrics label)
+    fit_default: bool = False  # max_tokens not sent: the default shrinks to what the context window leaves
 
     @property
     def prompt_param(self) -> str:
@@ -145,7 +147,7 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
     refuse_unsupported(req)
     max_new = _max_tokens(req.max_completion_tokens or req.max_tokens,
                           limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
-    output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
+    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req))
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) else req.tool_choice
     if tools and (output_type is None or tool_choice != "none"):
@@ -167,7 +169,8 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
         raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
     kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                   stop=req.stop_list())  # with a constraint too, as OpenAI: an output it cuts short is reported cut
-    return EngineCall(chat_messages(req.messages), output_type, tools, kwargs, param, mode)
+    return EngineCall(chat_messages(req.messages), output_type, tools, kwargs, param, mode,
+                      fit_default=(req.max_completion_tokens or req.max_tokens) is None)
 
 
 def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
@@ -182,7 +185,7 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
         if len(prompt) != 1:
             raise bad_request("send one prompt per request (a list of several prompts is not supported)", "prompt")
         prompt = prompt[0]
-    output_type, mode, param = structured_output_type(req.response_format, req.structured_outputs)
+    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req))
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
                   top_p=req.top_p, seed=req.seed, stop=req.stop_list())
     return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode)  # continued as written
