@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, write_atomic
+from specstruct.constraints.grammar_probe import probe
 from specstruct.constraints.isolate import build_index_bytes
 from specstruct.constraints.json_llguidance import check_support, compile_json, parse_schema
 from specstruct.constraints.limits import check_regex, limits, too_complex
@@ -82,6 +83,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     if spec.kind == "grammar":
         check_spec(spec)
         grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
+        probe(grammar._m, vocab_size, (table.key, spec.source or ""))  # llguidance can loop on a mask: see there
         try:
             empty = not grammar.is_final() and not bool(grammar.mask().any())
         except ConstraintError:  # llguidance reports an empty language as a parser error at the first mask

@@ -52,6 +52,16 @@ def test_slow_compile_is_stopped_at_the_time_limit_and_the_process_lives_on(tok)
     assert make(tok, "regex", "[a-z]{2}").accepts("ab")  # a fresh worker takes over
 
 
+def test_a_grammar_llguidance_loops_on_is_refused_within_the_time_limit(tok):
+    """llguidance 1.9.1 never returns from the first mask of `A A` with `A: /b+/` (holding the GIL: the whole
+    process froze); the grammar is walked in a forked child first (grammar_probe.py)."""
+    L.set_limits(time_s=1.0)
+    for grammar in ('start: A A\nA: /b+/', 'start: "q" /[a-z]/ A A\nA: /b+/'):
+        message = refused(tok, "grammar", grammar, "time_s", within=5)
+        assert "adjacent terminals" in message
+    assert make(tok, "grammar", 'start: A " " A\nA: /b+/').accepts("bb b")  # a literal between them is fine
+
+
 def test_memory_hungry_compile_is_stopped_at_the_memory_limit(tok):
     L.set_limits(memory_mb=64, time_s=20.0, max_regex_size=10**8)
     many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(200)}}
