@@ -252,3 +252,18 @@ def test_a_discriminated_unions_tag_is_required_even_with_a_default(tok):
     c = compiled(tok, resolve(pet))
     assert c.accepts('{"kind": "cat", "lives": 9}') and not c.accepts('{"lives": 9}')
     assert compiled(tok, resolve(Cat)).accepts('{"lives": 9}')  # outside the union the tag keeps its default
+
+
+def test_pydantic_datetimes_and_times_may_be_naive_and_dicts_keep_rfc3339(tok):
+    """llguidance's date-time/time formats (RFC 3339) require an offset: a datetime always came back tz-aware and
+    pydantic.NaiveDatetime could never validate. A schema dict keeps RFC 3339."""
+    for output_type, naive, aware, wrong in (
+            (datetime.datetime, '"2024-01-31T12:30:00"', '"2024-01-31T12:30:00.5+02:00"', '"2024-13-31T12:30:00"'),
+            (datetime.time, '"12:30:00"', '"12:30:00Z"', '"25:30:00"'),
+            (pydantic.NaiveDatetime, '"2024-01-31T12:30:00"', '"2024-01-31T12:30:00Z"', '"2024-01-31 12:30"')):
+        out = resolve(output_type)
+        c = compiled(tok, out)
+        assert c.accepts(naive) and c.accepts(aware) and not c.accepts(wrong), output_type
+    assert resolve(datetime.datetime).parse('"2024-01-31T12:30:00"').tzinfo is None
+    strict = compiled(tok, resolve({"type": "string", "format": "date-time"}))
+    assert not strict.accepts('"2024-01-31T12:30:00"') and strict.accepts('"2024-01-31T12:30:00Z"')
