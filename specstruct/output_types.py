@@ -34,6 +34,7 @@ from specstruct.constraints.base import ConstraintSpec, Mode
 from specstruct.constraints.compiler import default_json_backend
 from specstruct.constraints.schema_check import relaxed
 from specstruct.constraints.llguidance_schema import llguidance_source, required_tags
+from specstruct.pydantic_schema import pydantic_schema
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,31 @@ class Regex:
     pattern: str
 
     def __post_init__(self):
-        if isinstance(self.pattern, re.Pattern):  # re.compile(...) given: its pattern text
-            object.__setattr__(self, "pattern", self.pattern.pattern)
+        if isinstance(self.pattern, re.Pattern):  # re.compile(...) given: its pattern text, its flags inline
+            object.__setattr__(self, "pattern", _inline_flags(self.pattern))
         if not isinstance(self.pattern, str):
             raise ConstraintError(f"ss.Regex takes the pattern as a str, got {type(self.pattern).__name__} "
                                   f"({self.pattern!r:.60}).")
+
+
+_FLAGS = {re.IGNORECASE: "i", re.DOTALL: "s", re.VERBOSE: "x", re.ASCII: "-u"}
+
+
+def _inline_flags(compiled: re.Pattern) -> str:
+    """A compiled pattern's text with its flags written inline (Rust syntax: `(?i)`, `(?s)`, `(?x)`; re.ASCII is
+    `(?-u)`); dropped, they let the output fail the user's own regex. re.MULTILINE has no whole-text meaning."""
+    flags = compiled.flags & ~(re.UNICODE | getattr(re, "NOFLAG", 0))
+    if not isinstance(compiled.pattern, str):
+        return compiled.pattern  # bytes: refused below
+    if flags & re.MULTILINE:
+        raise ConstraintError("ss.Regex matches the whole output, so re.MULTILINE (line anchors) has no meaning "
+                              "here; drop the flag, or write the lines out in the pattern")
+    unknown = flags & ~sum(_FLAGS)
+    if unknown:
+        raise ConstraintError(f"ss.Regex cannot honour the flags {re.RegexFlag(unknown)!r} of this compiled "
+                              "pattern; write the pattern without them")
+    inline = "".join(f"(?{code})" for flag, code in _FLAGS.items() if flags & flag)
+    return inline + compiled.pattern
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,10 @@ def resolve(output_type: Any) -> OutputSpec:
                           lambda t: parse_code(t, output_type.language), output_type)
     if isinstance(output_type, dict):
         return _schema_dict(output_type)
+    if get_origin(output_type) is Literal and all(isinstance(a, enum.Enum) and isinstance(a.value, str)
+                                                  for a in get_args(output_type)):  # Literal[Color.RED, ...]
+        members = {str(a.value): a for a in get_args(output_type)}
+        return _choice(list(members), output_type, members.__getitem__)
     if get_origin(output_type) is Literal and all(isinstance(a, str) for a in get_args(output_type)):
         return _choice(list(get_args(output_type)), output_type, lambda t: t)
     if isinstance(output_type, type) and issubclass(output_type, enum.Enum):
@@ -167,56 +192,10 @@ def _typed(t: Any) -> bool:
 
 
 def _pydantic(t: Any) -> OutputSpec:
-    from pydantic import TypeAdapter
-
-    if isinstance(t, type) and typing.is_typeddict(t) and type(t).__module__ == "typing":
-        t_schema = _as_extensions_typeddict(t)
-    else:
-        t_schema = t
-    try:
-        adapter = TypeAdapter(t_schema)
-        schema = adapter.json_schema(schema_generator=_key_patterns())
-    except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
-        raise ConstraintError(f"unsupported output type {_safe_repr(t)}: Pydantic cannot describe it as JSON "
-                              f"({_safe_repr(e)}).") from e
+    schema, adapter = pydantic_schema(t)
     source = relaxed(schema) if default_json_backend() == "outlines" else required_tags(llguidance_source(schema))
     return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
                       adapter.validate_json, t)
-
-
-def _key_patterns() -> type:
-    """Pydantic's JSON-schema generator, plus a `propertyNames` pattern for dicts keyed by int (Pydantic writes
-    none, so any key was allowed and validation failed on "one"): JSON integers without sign or leading zeros,
-    a subset of the keys Pydantic parses as int."""
-    from pydantic.json_schema import GenerateJsonSchema
-
-    class KeyPatterns(GenerateJsonSchema):
-        def dict_schema(self, schema: Any) -> Any:
-            out = super().dict_schema(schema)
-            if schema.get("keys_schema", {}).get("type") == "int" and "propertyNames" not in out:
-                out["propertyNames"] = {"pattern": INT_KEY}
-            return out
-
-    return KeyPatterns
-
-
-INT_KEY = r"^-?(0|[1-9][0-9]*)$"
-
-
-def _as_extensions_typeddict(t: type) -> type:
-    """Pydantic needs typing_extensions.TypedDict before Python 3.12: rebuild `t` as one (same keys)."""
-    import typing_extensions as te
-
-    hints = typing.get_type_hints(t)
-    fields = {k: (v if k in t.__required_keys__ else te.NotRequired[v]) for k, v in hints.items()}
-    return te.TypedDict(t.__name__, fields)  # type: ignore[operator]
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        return repr(value)[:300]
-    except RecursionError:  # a type nested hundreds deep
-        return f"<{type(value).__name__} nested too deeply to print>"
 
 
 # jsonschema's metaschema check has no time bound; above this size it is skipped (the compile, which is bounded,

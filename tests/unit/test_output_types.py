@@ -267,3 +267,46 @@ def test_pydantic_datetimes_and_times_may_be_naive_and_dicts_keep_rfc3339(tok):
     assert resolve(datetime.datetime).parse('"2024-01-31T12:30:00"').tzinfo is None
     strict = compiled(tok, resolve({"type": "string", "format": "date-time"}))
     assert not strict.accepts('"2024-01-31T12:30:00"') and strict.accepts('"2024-01-31T12:30:00Z"')
+
+
+def test_what_pydantic_validates_is_what_the_grammar_writes():
+    """Found by probing: keys by field name when a model validates by name only; a field read from a path is
+    refused by name; Literal of Enum members returns the members; a compiled regex keeps its flags."""
+    import re
+
+    from pydantic import AliasPath, ConfigDict
+
+    class ByName(BaseModel):
+        model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
+        name: str = Field(alias="N")
+
+    assert list(resolve(ByName).json_schema["properties"]) == ["name"]
+
+    class FromPath(BaseModel):
+        x: int = Field(validation_alias=AliasPath("outer", 0))
+
+    with pytest.raises(ConstraintError, match="field 'x' of FromPath reads its value from a path"):
+        resolve(FromPath)
+
+    class Colour(str, enum.Enum):
+        RED = "red"
+        GREEN = "green"
+
+    class Plain(enum.Enum):
+        RED = "red"
+
+    assert resolve(Literal[Colour.RED, Colour.GREEN]).parse("green") is Colour.GREEN
+    assert resolve(Literal[Plain.RED]).parse("red") is Plain.RED
+    assert Regex(re.compile("abc", re.I | re.S)).pattern == "(?i)(?s)abc"
+    assert Regex(re.compile(r"\d", re.A)).pattern == r"(?-u)\d"
+    with pytest.raises(ConstraintError, match="MULTILINE"):
+        Regex(re.compile("^a$", re.M))
+
+
+def test_compiled_regex_flags_hold_while_decoding(tok):
+    import re
+
+    for pattern, yes, no in ((re.compile("abc", re.I), "ABC", "abd"), (re.compile(r"\d+", re.A), "12", "٣"),
+                             (re.compile(r"a.b", re.S), "a\nb", "ab")):
+        c = compiled(tok, resolve(Regex(pattern)))
+        assert c.accepts(yes) and not c.accepts(no), pattern

@@ -1,0 +1,76 @@
+"""A Pydantic type's JSON schema as specstruct compiles it: keyed the way the type validates (aliases or names), with
+what Pydantic leaves out that a grammar can say (a key pattern for dict[int, ...]), and a clear ConstraintError
+for what a schema cannot describe (a field read from a path) or Pydantic cannot."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from specstruct.errors import ConstraintError
+
+
+def pydantic_schema(t: Any) -> tuple[dict, Any]:
+    """(JSON schema, TypeAdapter) of a Pydantic-describable type."""
+    from pydantic import TypeAdapter
+
+    _check_aliases(t)
+    t_schema = _as_extensions_typeddict(t) if isinstance(t, type) and typing.is_typeddict(t) and \
+        type(t).__module__ == "typing" else t
+    try:
+        adapter = TypeAdapter(t_schema)
+        # the keys Pydantic validates by: a model that reads field names only (validate_by_alias=False) gets them
+        by_alias = (getattr(t, "model_config", None) or {}).get("validate_by_alias", True) is not False
+        schema = adapter.json_schema(by_alias=by_alias, schema_generator=_key_patterns())
+    except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
+        raise ConstraintError(f"unsupported output type {safe_repr(t)}: Pydantic cannot describe it as JSON "
+                              f"({safe_repr(e)}).") from e
+    return schema, adapter
+
+
+def _check_aliases(t: Any) -> None:
+    """A field whose value Pydantic reads from a path (`validation_alias=AliasPath("outer", 0)`) has no JSON-schema
+    key: the grammar would write the field's name and every output would fail validation."""
+    from pydantic import AliasChoices, AliasPath
+
+    for name, f in (getattr(t, "model_fields", None) or {}).items():
+        alias = f.validation_alias
+        first = alias.choices[0] if isinstance(alias, AliasChoices) and alias.choices else alias
+        if isinstance(first, AliasPath):
+            raise ConstraintError(f"field {name!r} of {t.__name__} reads its value from a path ({first!r}), which a "
+                                  "JSON schema cannot describe: use a plain alias, or a nested model")
+
+
+def _key_patterns() -> type:
+    """Pydantic's JSON-schema generator, plus a `propertyNames` pattern for dicts keyed by int (Pydantic writes
+    none, so any key was allowed and validation failed on "one"): JSON integers without sign or leading zeros,
+    a subset of the keys Pydantic parses as int."""
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class KeyPatterns(GenerateJsonSchema):
+        def dict_schema(self, schema: Any) -> Any:
+            out = super().dict_schema(schema)
+            if schema.get("keys_schema", {}).get("type") == "int" and "propertyNames" not in out:
+                out["propertyNames"] = {"pattern": INT_KEY}
+            return out
+
+    return KeyPatterns
+
+
+INT_KEY = r"^-?(0|[1-9][0-9]*)$"
+
+
+def _as_extensions_typeddict(t: type) -> type:
+    """Pydantic needs typing_extensions.TypedDict before Python 3.12: rebuild `t` as one (same keys)."""
+    import typing_extensions as te
+
+    hints = typing.get_type_hints(t)
+    fields = {k: (v if k in t.__required_keys__ else te.NotRequired[v]) for k, v in hints.items()}
+    return te.TypedDict(t.__name__, fields)  # type: ignore[operator]
+
+
+def safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[:300]
+    except RecursionError:  # a type nested hundreds deep
+        return f"<{type(value).__name__} nested too deeply to print>"
