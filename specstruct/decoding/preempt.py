@@ -14,13 +14,17 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from .kv.memory import KVBudget
+from .kv.memory import KVBudget, extra_headroom
 from .kv.store import KVStore, SpillHandle
 
 
 def held(row: Any) -> int:
-    """Tokens a row holds, as far as the budget counts: its prompt (whole, even while prefilling) and output."""
-    return len(row.prompt) + len(row.token_ids)
+    """Tokens a row holds, as far as the budget counts: its prompt (whole, even while prefilling) and output, plus
+    what one step of a row whose config allows more than the budget's default headroom (max_candidates above 16,
+    up to 64) may add beyond that headroom, so the budget follows each request's own cap."""
+    config = getattr(row, "config", None)
+    extra = 0 if config is None else extra_headroom(config, getattr(getattr(row, "constraint", None), "mode", None))
+    return len(row.prompt) + len(row.token_ids) + extra
 
 
 class Preemption:
@@ -55,9 +59,18 @@ class Preemption:
         return out
 
     def pause(self, decoder: Any, row: Any) -> None:
+        """Take `row` out of `decoder` and spill its caches. A failed disk write is no error (the store keeps the
+        token ids: re-prefilled on resume); if anything still raises, nothing stays spilled for the row and the
+        caller must end its request (its KV may be gone from the decoder already)."""
         t0 = time.perf_counter()
         target, draft = decoder.pause(row)
-        self._spilled[id(row)] = (self.store.spill(target), None if draft is None else self.store.spill(draft))
+        spilled = self.store.spill(target)
+        try:
+            second = None if draft is None else self.store.spill(draft)
+        except BaseException:
+            self.store.discard(spilled)  # else its bytes stay counted, recorded nowhere, until the engine closes
+            raise
+        self._spilled[id(row)] = (spilled, second)
         self._n["spill_s"] += time.perf_counter() - t0
         self._n["spilled_tokens"] += len(target.tokens)
         row.stats.preempted += 1

@@ -212,8 +212,17 @@ class Scheduler:
         if self.preemption is None:
             return
         for row in self.preemption.victims([row for row, _ in self._active.values()]):
-            _, req = self._active.pop(id(row))
-            self.preemption.pause(self.decoder, row)
+            req = self._active[id(row)][1]
+            try:
+                self.preemption.pause(self.decoder, row)
+            except Exception as err:  # noqa: BLE001 - this request fails alone; never left in neither _active nor
+                # _waiting (nobody would end it: its caller would wait forever), nor may it kill the loop
+                error = SpecStructError(f"pausing this request to free KV memory failed ({err!r}); it was stopped "
+                                        "(raise kv_memory.active_bytes, or check kv_memory.directory)")
+                error.__cause__ = err
+                self._drop(row, req, error)  # out of the decoder too, if pause failed before taking it out
+                continue
+            self._active.pop(id(row))
             with self._cv:
                 self._paused[req] = row
                 self._waiting.appendleft(req)  # victims come newest first: the queue keeps admission order

@@ -16,6 +16,10 @@ from .store import KVStore
 from .tiers import DiskTier, MemoryTier
 
 MiB = 2**20
+# Tokens a row's KV may run past its prompt + output during one step, by default: a verification pass appends its
+# candidates + 1 to the target cache before cropping, and the draft cache runs as far ahead. 17 covers 16 candidates,
+# twice the default caps (config.DEFAULT_CAPS); a row whose config allows more counts the rest (`extra_headroom`).
+DEFAULT_HEADROOM = 17
 
 
 def build(prefix_cache_bytes: int, kv_memory: Any, device: torch.device | str = "cpu") -> tuple[PrefixCache,
@@ -70,10 +74,10 @@ class KVBudget:
     `kv_memory.active_bytes`. `check` refuses, before it starts, a request that could not fit even alone; the
     scheduler pauses rows (decoding/preempt.py) when the running ones together would not fit."""
 
-    def __init__(self, active_bytes: int | None, *models: Any, headroom_tokens: int = 17):
+    def __init__(self, active_bytes: int | None, *models: Any, headroom_tokens: int = DEFAULT_HEADROOM):
         self.active_bytes = active_bytes
         self.per_token = sum(bytes_per_token(m.config, _kv_dtype(m)) for m in models if m is not None)
-        self.headroom = headroom_tokens  # a verification pass appends up to max candidates + 1 before cropping
+        self.headroom = headroom_tokens  # every row's; one with a larger cap adds extra_headroom (preempt.held)
 
     def need(self, tokens: int) -> int:
         """Bytes a row holding `tokens` needs through its next step (a verification pass's headroom added)."""
@@ -89,6 +93,15 @@ class KVBudget:
                 f"new tokens at {_size(self.per_token)} per token, target and draft), over "
                 f"kv_memory.active_bytes={_size(self.active_bytes)}: shorten the prompt, lower "
                 "max_new_tokens, or raise SpecConfig.kv_memory.active_bytes")
+
+
+def extra_headroom(config: Any, mode: str | None = None) -> int:
+    """Tokens beyond DEFAULT_HEADROOM that one step of a request with this SpecConfig may add to its caches: its
+    largest candidates cap (for `mode`, else over all modes) + 1, less the default; 0 for the default caps. Per
+    request, not per engine: a call's config may raise max_candidates up to config.MAX_CAP (64)."""
+    caps = [config.cap(mode)] if mode is not None else list(config.max_candidates.values())
+    longest = max(caps, default=0) if config.enable_speculative else 0
+    return max(0, longest + 1 - DEFAULT_HEADROOM)
 
 
 def _size(n: int) -> str:

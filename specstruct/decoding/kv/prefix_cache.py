@@ -51,6 +51,7 @@ class PrefixCache:
         self._trees: dict[Hashable, RadixTree] = {}
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
+        self._failed: set[str] = set()  # lower tiers whose writes failed (warned once)
         self._n = dict(lookups=0, hits=0, queried_tokens=0, cached_tokens=0, inserted_tokens=0, spills=0,
                        restores=0, evictions=0, lost=0)
 
@@ -194,13 +195,29 @@ class PrefixCache:
                     break  # everything here is in use: over budget until released
                 tree, node = victim
                 lower = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
-                if lower is not None and node.payload.slot.nbytes <= lower.budget:
-                    layers = tier.get(node.payload.slot)
-                    tier.free(node.payload.slot)
-                    node.payload = Block(i + 1, lower.put(layers))
+                if lower is not None and node.payload.slot.nbytes <= lower.budget and self._move(node, i, lower):
                     self._n["spills"] += 1
                 else:
                     self._drop(tree, node)
+
+    def _move(self, node: Node, i: int, lower: Tier) -> bool:
+        """Move a node's span from tier `i` down to `lower`; False (the span unchanged) when the write fails."""
+        slot = node.payload.slot
+        try:
+            moved = lower.put(self.tiers[i].get(slot))
+        except Exception as err:  # noqa: BLE001 - a full, unwritable or deleted spill folder (safetensors raises
+            # SafetensorError, not OSError): the caller drops the span. It is only a cache; a request must not fail
+            if lower.name not in self._failed:  # once per tier: a broken disk would otherwise warn at every eviction
+                self._failed.add(lower.name)
+                warnings.warn(f"prefix-cache KV could not be moved to the {lower.name} tier ({err}): such spans are "
+                              "dropped from the cache instead (their tokens are prefilled again)", KVLostWarning,
+                              stacklevel=4)
+            return False
+        # the upper slot is freed only once the copy exists: freed first, a failed put left the node holding a freed
+        # slot that _drop / clear() freed again (negative bytes)
+        self.tiers[i].free(slot)
+        node.payload = Block(i + 1, moved)
+        return True
 
     def _lru(self, tier: int) -> tuple[RadixTree, Node] | None:
         best, key = None, None

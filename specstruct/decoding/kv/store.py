@@ -5,9 +5,10 @@ conversation between turns) moves to a lower tier and comes back when it runs ag
     store.prefetch(handle)                        # when the request is next in line: read back in the background
     seq = store.restore(handle)                   # SeqKV with layers, or with layers=None: re-prefill seq.tokens
 
-Each tier keeps to its byte budget; a sequence that fits in none keeps only its token ids, and a spill file that
-is missing or corrupted reads back as tokens only (with a KVLostWarning): re-prefilling the tokens is always
-correct. The scheduler decides whom to preempt; this only moves the bytes."""
+Each tier keeps to its byte budget; a sequence that fits in none, or whose write fails (a full, unwritable or
+deleted spill folder), keeps only its token ids, and a spill file that is missing or corrupted reads back as tokens
+only (both with a KVLostWarning): re-prefilling the tokens is always correct. The scheduler decides whom to
+preempt; this only moves the bytes."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ class KVStore:
                 if seq.layers and tier.used + size <= tier.budget:
                     try:
                         handle.tier, handle.slot = i, tier.put(seq.layers)
-                    except OSError as err:  # a full or unwritable disk: the next tier, else the token ids only
+                    except Exception as err:  # noqa: BLE001 - a full, unwritable or vanished disk: the next
+                        # tier, else the token ids only. Not just OSError: safetensors raises its own
+                        # SafetensorError (a plain Exception) for I/O errors, and a pinned tier may fail to allocate
                         failed = err
                         continue
                     self._n["spilled_bytes"] += size

@@ -100,7 +100,11 @@ class DiskTier:
         cpu = [(k.detach().to("cpu").contiguous(), v.detach().to("cpu").contiguous()) for k, v in layers]
         tensors = {f"{kind}{i}": t for i, pair in enumerate(cpu) for kind, t in zip("kv", pair)}
         path = self.directory / f"{uuid.uuid4().hex}.safetensors"
-        save_file(tensors, str(path))
+        try:
+            save_file(tensors, str(path))
+        except BaseException:
+            _unlink(path)  # a partial file (a full disk) must not outlive the failed put; the caller sees the error
+            raise
         slot = Slot(nbytes(cpu), (path, _digest(cpu), len(cpu)))
         self.used += slot.nbytes
         return slot
@@ -118,9 +122,18 @@ class DiskTier:
 
     def free(self, slot: Slot) -> None:
         self.used -= slot.nbytes
-        Path(slot.ref[0]).unlink(missing_ok=True)
+        _unlink(Path(slot.ref[0]))
 
     def close(self) -> None:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def _unlink(path: Path) -> None:
+    """Remove a spill file if it is there. Never raises: freeing must always succeed (the caller's accounting is
+    already updated), and a folder deleted or replaced by a file (NotADirectoryError) holds nothing to remove."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
