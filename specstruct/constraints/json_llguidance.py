@@ -130,6 +130,11 @@ def _error(message: str, schema: Any) -> ConstraintError:
     lower = message.lower()
     if hit := llguidance_limit(message):
         return too_complex("the JSON schema", hit[1], f"{hit[0]}: {message}")
+    if ("generate regex for" in lower and "range" in lower) or "not json serializable" in lower or "(0(0(0" in message:
+        return ConstraintError(f"a numeric bound (minimum/maximum/exclusiveMinimum/exclusiveMaximum) is beyond what "
+                               f"the grammar can express ({message[:160]}): llguidance writes a range as a regex, "
+                               "which it cannot for an int64's range, |x| from about 1e18 up or a tiny non-zero "
+                               "bound; drop that bound and check it after generation")
     m = re.search(r'Unimplemented keys: \[([^\]]*)\]', message)
     keys = re.findall(r'"([^"]+)"', m.group(1)) if m else []
     keyword = ("if" if "if" in keys else keys[0]) if keys else next((k for k in ("oneOf", "$ref", "pattern", "format", "allOf", "anyOf")

@@ -3,6 +3,8 @@ what llguidance cannot compile. (schema_normalise.relaxed is the outlines_core b
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 # Pydantic's Decimal-as-string pattern (a look-ahead: "not only signs and dots") and the same language without one.
@@ -28,6 +30,9 @@ def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
            for k, v in schema.items() if not (from_pydantic and k == "uniqueItems" and isinstance(v, bool))}
     if from_pydantic and out.get("format") in PYDANTIC_FORMATS and "pattern" not in out:
         out["pattern"] = PYDANTIC_FORMATS[out.pop("format")]  # the day's range is left to the validator
+    if from_pydantic and any(isinstance(out.get(b), (int, float)) for b in BOUNDS) and not _bounds_compile(out):
+        for b in BOUNDS:  # beyond what llguidance builds (|x| ~ 1e18 and up, tiny non-zero): left to the validator
+            out.pop(b, None)
     pattern = out.get("pattern")
     if isinstance(pattern, str):
         if pattern == DECIMAL_PATTERN:
@@ -35,6 +40,25 @@ def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
         elif from_pydantic and not _compiles(pattern):
             del out["pattern"]
     return out
+
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _bounds_compile(node: dict) -> bool:
+    """Whether llguidance can build this number's bounds (it writes a range as a regex: not for an int64's range,
+    floats from about 1e18 up, or a bound like 1e-300)."""
+    return _range_compiles(json.dumps({k: node[k] for k in ("type", *BOUNDS) if k in node}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _range_compiles(small: str) -> bool:
+    from llguidance import LLMatcher
+
+    try:
+        return not LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.loads(small)))
+    except (ValueError, RuntimeError):
+        return False
 
 
 def _compiles(pattern: str) -> bool:

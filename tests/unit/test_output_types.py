@@ -310,3 +310,20 @@ def test_compiled_regex_flags_hold_while_decoding(tok):
                              (re.compile(r"a.b", re.S), "a\nb", "ab")):
         c = compiled(tok, resolve(Regex(pattern)))
         assert c.accepts(yes) and not c.accepts(no), pattern
+
+
+def test_bounds_beyond_what_the_grammar_builds_are_left_to_pydantic_and_named_in_a_dict(tok):
+    class Wide(BaseModel):
+        a: float = Field(le=1e20)
+        b: int = Field(ge=-(2**63), le=2**63 - 1)
+        c: float = Field(gt=1e-300)
+        d: int = Field(ge=0, le=10)
+
+    c = compiled(tok, resolve(Wide))
+    assert c.accepts('{"a": 1.5, "b": 3, "c": 0.5, "d": 3}') and not c.accepts('{"a": 1.5, "b": 3, "c": 0.5, "d": 11}')
+    with pytest.raises(pydantic.ValidationError):
+        resolve(Wide).parse('{"a": 1e21, "b": 3, "c": 0.5, "d": 3}')  # the validator still holds the bound
+    for schema in ({"type": "number", "minimum": 1e300}, {"type": "integer", "minimum": -(2**63)},
+                   {"type": "number", "exclusiveMinimum": 1e-300}):
+        with pytest.raises(ConstraintError, match="numeric bound .* beyond what the grammar can express"):
+            compiled(tok, resolve(schema))
