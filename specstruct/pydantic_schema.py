@@ -42,22 +42,35 @@ def _check_aliases(t: Any) -> None:
 
 
 def _key_patterns() -> type:
-    """Pydantic's JSON-schema generator, plus a `propertyNames` pattern for dicts keyed by int (Pydantic writes
-    none, so any key was allowed and validation failed on "one"): JSON integers without sign or leading zeros,
-    a subset of the keys Pydantic parses as int."""
+    """Pydantic's JSON-schema generator, with a `propertyNames` a grammar can enforce for dict keys Pydantic parses
+    from strings: for int, float and bool keys Pydantic writes none (any key was allowed, and validation failed on
+    "one"), and for int enums, UUIDs and dates it writes one that names a type or format a key string never has."""
     from pydantic.json_schema import GenerateJsonSchema
 
     class KeyPatterns(GenerateJsonSchema):
         def dict_schema(self, schema: Any) -> Any:
             out = super().dict_schema(schema)
-            if schema.get("keys_schema", {}).get("type") == "int" and "propertyNames" not in out:
-                out["propertyNames"] = {"pattern": INT_KEY}
+            names = _key_names(schema.get("keys_schema") or {})
+            if names is not None:
+                out["propertyNames"] = names
             return out
 
     return KeyPatterns
 
 
-INT_KEY = r"^-?(0|[1-9][0-9]*)$"
+def _key_names(keys: dict) -> dict | None:
+    kind = keys.get("type")
+    if kind == "enum" and keys.get("sub_type") in ("int", "float"):
+        return {"enum": [str(m.value) for m in keys.get("members", [])]}
+    if kind == "bool":
+        return {"enum": ["true", "false"]}
+    return {"pattern": KEY_PATTERNS[kind]} if kind in KEY_PATTERNS else None
+
+
+INT_KEY = r"^-?(0|[1-9][0-9]*)$"  # keys as JSON writes numbers: subsets of what Pydantic parses
+KEY_PATTERNS = {"int": INT_KEY, "float": r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$",
+                "uuid": r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                "date": r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"}
 
 
 def _as_extensions_typeddict(t: type) -> type:

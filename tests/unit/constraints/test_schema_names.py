@@ -73,3 +73,25 @@ def test_pydantic_dicts_keyed_by_literal_enum_or_int():
         assert not c.accepts(bad), bad
     value = engine.generate("Scores:", Scores)
     assert value.by_id == {3: 1.5} and value.by_colour == {Colour.red: 1}
+
+
+def test_pydantic_dicts_keyed_by_int_enum_uuid_date_bool_or_float():
+    """Pydantic writes no propertyNames for bool/float keys, and for IntEnum/UUID/date one a key string never
+    satisfies (a type or format): each gets keys a grammar enforces and Pydantic parses."""
+    import datetime
+    import uuid
+
+    from specstruct.testing import scripted_engine
+
+    class Level(enum.IntEnum):
+        LOW = 1
+        HIGH = 2
+
+    engine = scripted_engine("{}", max_new_tokens=4)
+    for output_type, yes, no in ((dict[Level, int], '{"1": 2}', '{"3": 2}'),
+                                 (dict[uuid.UUID, int], '{"12345678-1234-5678-1234-567812345678": 1}', '{"x": 1}'),
+                                 (dict[datetime.date, int], '{"2024-01-31": 1}', '{"2024-1-31": 1}'),
+                                 (dict[bool, int], '{"true": 1}', '{"yes": 1}'),
+                                 (dict[float, int], '{"1.5": 1, "2e3": 2}', '{"a": 1}')):
+        c = engine.constraint(output_type)
+        assert c.accepts(yes) and not c.accepts(no), output_type
