@@ -87,6 +87,13 @@ class Choice:
             raise ConstraintError(f"ss.Choice options are strings; got {wrong[0]!r:.60} "
                                   f"({type(wrong[0]).__name__}): convert it with str() if you mean its text.")
         object.__setattr__(self, "options", tuple(str(o.value if isinstance(o, enum.Enum) else o) for o in options))
+        for o in self.options:
+            try:
+                o.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ConstraintError(f"ss.Choice option {o[:60]!r} holds a lone surrogate ({o[e.start]!r} at character "
+                                      f"{e.start}), which has no UTF-8 encoding: remove it or write the whole "
+                                      "character") from None
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,8 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
             regex += "\n"
         at = None if verbose else inner_anchor(regex)  # (a comment may mention ^ or $)
         if at is not None:
-            raise ConstraintError(f"the regex has an anchor ({regex[at]!r} at character {at}) inside it; a regex "
+            atom = regex[at:at + 2] if regex[at] == "\\" else regex[at]
+            raise ConstraintError(f"the regex has an anchor ({atom!r} at character {at}) inside it; a regex "
                                   "constraint always matches the whole output, so anchors are only allowed at its "
                                   "very start and end: remove it (for example 'a$|b' -> 'a|b').")
         if spells_nul(regex):
@@ -184,18 +185,24 @@ def spells_nul(regex: str) -> bool:
 
 
 def inner_anchor(regex: str) -> int | None:
-    """The index of a `^` or `$` anchor (unescaped, outside a class) left in a whole-match regex, or None."""
-    return next((i for i, atom, in_class, _ in _scan(regex) if atom in "^$" and not in_class), None)
+    """The index of an anchor (`^`, `$`, `\\A`, `\\z`, `\\Z`: unescaped, outside a class) left in a whole-match
+    regex, or None."""
+    return next((i for i, atom, in_class, _ in _scan(regex) if atom in ANCHORS and not in_class), None)
+
+
+ANCHORS = ("^", "$", "\\A", "\\z", "\\Z")
 
 
 def _whole_match(regex: str) -> str:
-    """A regex constraint always matches the whole output, so a leading `^` and a trailing `$` add nothing; the
-    automaton builder refuses anchors, so they are dropped (`^[0-9]+$` is `[0-9]+`). Anchors elsewhere stay (and
-    are refused with the builder's message)."""
-    if regex.startswith("^"):
-        regex = regex[1:]
-    if regex.endswith("$") and (len(regex) - 1 - len(regex[:-1].rstrip("\\"))) % 2 == 0:  # not an escaped \$
-        regex = regex[:-1]
+    """A regex constraint always matches the whole output, so a leading `^` / `\\A` and a trailing `$` / `\\z` add
+    nothing; the automaton builder refuses anchors, so they are dropped (`^[0-9]+$` is `[0-9]+`). Anchors elsewhere
+    stay (and are refused with the builder's message)."""
+    if regex.startswith(("^", "\\A")):
+        regex = regex[1 if regex[0] == "^" else 2:]
+    for end in ("$", "\\z", "\\Z"):
+        body = regex[: -len(end)]
+        if regex.endswith(end) and (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # not an escaped \$ or \\z
+            return body
     return regex
 
 

@@ -188,3 +188,11 @@ def test_a_complete_value_on_the_last_token_is_returned_or_retried_not_called_cu
 
     with pytest.raises(ss.ValidationRetryError):  # was IncompleteOutputError ("raise max_new_tokens")
         engine.run("go", Never, max_new_tokens=budget)
+
+
+def test_whole_text_anchors_in_any_spelling_and_a_surrogate_in_a_choice_are_named(engine):
+    assert engine.constraint(ss.Regex(r"\Aab\z")).accepts("ab")
+    with pytest.raises(ss.ConstraintError, match=r"anchor \('\\\\A' at character 1\)"):
+        engine.constraint(ss.Regex(r"a\Ab"))
+    with pytest.raises(ss.ConstraintError, match="ss.Choice option .* lone surrogate"):
+        ss.Choice(["ok", "\ud800"])
