@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 _WHERE = {
     "SpecStruct": "api", "SpecConfig": "config", "BatchConfig": "config", "Result": "results", "Stats": "results",
     "DrafterStats": "results", "Chunk": "results", "Regex": "output_types", "Choice": "output_types",
-    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies", "RawPrompt": "inputs",
+    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies",
+    "RawPrompt": "inputs",
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",

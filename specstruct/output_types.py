@@ -91,9 +91,9 @@ class Choice:
             try:
                 o.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise ConstraintError(f"ss.Choice option {o[:60]!r} holds a lone surrogate ({o[e.start]!r} at character "
-                                      f"{e.start}), which has no UTF-8 encoding: remove it or write the whole "
-                                      "character") from None
+                raise ConstraintError(f"ss.Choice option {o[:60]!r} holds a lone surrogate ({o[e.start]!r} at "
+                                      f"character {e.start}), which has no UTF-8 encoding: remove it or write the "
+                                      "whole character") from None
 
 
 @dataclass(frozen=True)

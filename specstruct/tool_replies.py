@@ -30,12 +30,13 @@ def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, t
     """What a call constrains to: `output_type`, or with tools and no output type, the tool-call grammar."""
     if not tools:
         if tool_choice not in (None, "auto", "none"):
-            raise InvalidParameterError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] (OpenAI tool dicts)")
+            raise InvalidParameterError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] (OpenAI tool "
+                                        "dicts)")
         return resolve(output_type)
     if output_type is not None:
         if tool_choice not in (None, "none"):
-            raise InvalidParameterError(f"tool_choice={tool_choice!r} and an output type exclude each other: the output type "
-                             "decides the reply; drop one of them")
+            raise InvalidParameterError(f"tool_choice={tool_choice!r} and an output type exclude each other: the "
+                                        "output type decides the reply; drop one of them")
         return resolve(output_type)
     grammar = Grammar(tool_grammar(tools, tool_choice, tokenizer), instruction="")  # the template describes them
     spec = resolve(grammar)
