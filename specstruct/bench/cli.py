@@ -16,8 +16,15 @@ from .report import publish
 from .runner import ALL_BASELINES, QUICK_LIMIT, run_benchmark
 from .workloads import SCENARIOS, extraction_workloads
 
-app = typer.Typer(add_completion=False, help="Benchmark specstruct against target-only decoding, outlines and "
-                  "transformers generate on JSON, code and prose workloads.")
+app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Benchmark specstruct against target-only decoding, outlines and transformers generate on "
+                  "JSON, code and prose workloads (and `specstruct bench serve`: load-test a running server).\n\n"
+                  "Examples:\n\n"
+                  "  specstruct bench --quick\n\n"
+                  "  specstruct bench --scenario json --limit 8 --baselines specstruct,outlines,hf-assisted "
+                  "--out json.json --plot bench.png\n\n"
+                  "  specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png\n\n"
+                  "  specstruct bench serve --concurrency 1,4,8 --requests 16")
 
 DEFAULT_MODEL, DEFAULT_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
@@ -119,6 +126,12 @@ def main(
     if scenario == "pipeline":  # issue 10: prefix cache on vs off over one schema and ten passages
         from .pipeline import main as pipeline
 
+        ignored = [name for name, given in (("--plot", plot_path), ("--baselines", baselines),
+                                            ("--temperature", temperature)) if given]
+        if ignored:
+            raise typer.BadParameter(f"--scenario pipeline has its own sides (cached and cold specstruct, outlines) "
+                                     f"and decodes greedily; leave out {', '.join(ignored)}", param_hint=ignored[0])
+
         with console.status("loading models"):
             engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
         pipeline(engine, console, limit, max_new_tokens, out, markdown_out,
@@ -130,6 +143,9 @@ def main(
         raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose, all (those three), pipeline "
                                  "or batch", param_hint="--scenario")
     chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(ALL_BASELINES))).split(",") if b.strip()]
+    if unknown := [b for b in chosen if b not in ALL_BASELINES]:  # before minutes of model loading
+        raise typer.BadParameter(f"unknown baseline(s) {unknown}: choose from {', '.join(ALL_BASELINES)}",
+                                 param_hint="--baselines")
     limit = limit or (QUICK_LIMIT if quick else None)
     with console.status("loading models"):
         engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)

@@ -11,7 +11,6 @@ proposed after an off-path context (a wrong lookup or forced span earlier in the
 from __future__ import annotations
 
 import collections
-import sys
 
 import torch
 
@@ -73,8 +72,17 @@ def main() -> None:
 
     from .workloads import extraction_workloads
 
-    numerics = sys.argv[1] if len(sys.argv) > 1 else "float32"
-    limit = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specstruct.bench.draft_agreement", description=(
+        "Where the draft model and the target agree on the extraction prompts: each draft token proposed on the "
+        "target's path, against the teacher-forced draft and the target (the real Qwen pair, pulled)."),
+        epilog="example: python -m specstruct.bench.draft_agreement int8 2")
+    parser.add_argument("numerics", nargs="?", default="float32", choices=["float32", "int8"],
+                        help="the draft's numerics (default float32)")
+    parser.add_argument("limit", nargs="?", type=int, default=2, help="extraction prompts to run (default 2)")
+    args = parser.parse_args()
+    numerics, limit = args.numerics, args.limit
     torch.set_num_threads(2)
     eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
                                         config=SpecConfig(draft_numerics=numerics))

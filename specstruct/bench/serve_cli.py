@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, rich_markup_mode="rich")
+app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def extraction_jobs(model_name: str, max_tokens: int, limit: int) -> list[Any]:

