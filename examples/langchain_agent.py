@@ -4,7 +4,7 @@ Every tool call the model makes is constrained while decoding to name a bound to
 argument schema, so the agent never sees a malformed call; the JSON scaffolding of a call is grammar-forced
 text that speculation drafts for free.
 
-    specstruct pull && pip install -e integrations/langchain
+    specstruct pull && pip install -e "integrations/langchain[agent]"   # the agent extra adds `langchain`
     python examples/langchain_agent.py ["your question"] [--draft none]
 
 Measured here (2 busy CPU cores, greedy): the 1.5B model converts 26.2 mi -> 42.1648 km with `convert_units`, then

@@ -17,7 +17,7 @@ _WHERE = {
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
-        "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError")},
+        "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError", "KVMemoryError")},
 }
 _SUBMODULES = {"api", "config", "errors", "results", "output_types", "streaming", "inputs", "extras", "testing",
                "aio", "chunks", "many", "tools", "tool_replies",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from .config import BatchConfig, SpecConfig
     from .errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError,
                          InvalidPromptError, MissingExtraError, ModelNotFoundError, PromptTooLongError,
-                         OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError)
+                         OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError, KVMemoryError)
     from .models import pull
     from .output_types import Choice, Code, Grammar, Regex
     from .results import Chunk, DrafterStats, Result, Stats

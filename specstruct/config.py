@@ -19,7 +19,7 @@ class KVMemory(BaseModel):
 
     # KV of all running requests together (target + draft): past it the scheduler pauses the most recently admitted
     # rows and moves their KV down (docs/kv-memory.md); a request that cannot fit even alone is refused. None: no limit
-    active_bytes: int | None = Field(4 * GiB, ge=1)  # (0 read as "no limit"; None says that)
+    active_bytes: int | None = Field(4 * GiB, ge=1)  # None: no limit (0 is refused: it would fit nothing)
     pinned_bytes: int = Field(2 * GiB, ge=0)  # GPU only: pinned host memory below GPU memory
     disk_bytes: int = Field(4 * GiB, ge=0)  # spill files (safetensors); 0: nothing goes to disk
     directory: str | None = None  # where spill files go (default $SPECSTRUCT_CACHE/kv, ~/.cache/specstruct/kv)

@@ -40,7 +40,8 @@ def exit_code(exc: BaseException) -> int:
         (e.ConstraintError, EXIT_CONSTRAINT),
         (e.ModelNotFoundError, EXIT_MODEL_MISSING),
         ((e.IncompleteOutputError, e.ValidationRetryError), EXIT_INCOMPLETE),
-        ((e.IncompatibleDraftError, e.PromptTooLongError, e.InvalidParameterError, e.InvalidPromptError), EXIT_USAGE),
+        ((e.IncompatibleDraftError, e.PromptTooLongError, e.KVMemoryError, e.InvalidParameterError,
+          e.InvalidPromptError), EXIT_USAGE),
     ]
     for kinds, code in table:
         if isinstance(exc, kinds):
