@@ -207,11 +207,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             raise err
         meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": err.reason}
         usage = usage_metadata(err.stats) if err.stats is not None else None
-        text = self._reply_text(req, err) if err.token_ids else err.text
-        cut = cut_reply(text)
-        if cut is None:  # free text
-            return AIMessage(content=text, response_metadata=meta, usage_metadata=usage)
-        content, calls, invalid = cut
+        content, calls, invalid = cut_reply(self._reply_text(req, err) if err.token_ids else err.text)
         return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid, response_metadata=meta,
                          usage_metadata=usage)
 
@@ -224,10 +220,10 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         req = self._request(messages, stop, kwargs)
         streamer = ToolCallStreamer() if req.tools else None
-        result, truncated = None, None
+        result, truncated, seen, rest = None, None, "", ""
         try:
             for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
-                result = chunk.result or result
+                result, seen = chunk.result or result, seen + chunk.text
                 text, calls = streamer.feed(chunk.text) if streamer else (chunk.text, [])
                 if text or calls:
                     gen = ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
@@ -236,11 +232,13 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                     yield gen
         except IncompleteOutputError as err:
             truncated = self._truncated_text(req, err)
+            rest = err.text[len(seen):] if err.text.startswith(seen) else ""  # text the stream still held back
         except ValidationRetryError as err:  # the text was streamed already; the parser reports the error
             truncated = self._failed_validation(req, err)
-        if truncated is not None:  # a cut call goes out as its chunk: merged, it lands in invalid_tool_calls
-            tail, late = (streamer.cut() if streamer.mode == "tags" else streamer.finish()) if streamer else ("", [])
-            last = AIMessageChunk(content=tail, tool_call_chunks=late, chunk_position="last",
+        if truncated is not None:  # a cut call goes out as its chunk, with the text it had as arguments
+            text, done = streamer.feed(rest) if streamer else (rest, [])
+            tail, late, cut = streamer.cut_short() if streamer else ("", [], [])
+            last = AIMessageChunk(content=text + tail, tool_call_chunks=done + late + cut, chunk_position="last",
                                   usage_metadata=truncated.usage_metadata,
                                   response_metadata=truncated.response_metadata)
             yield ChatGenerationChunk(message=last)

@@ -4,6 +4,8 @@ on the tiny random-weight engine: whatever the model "wants", the outputs must v
 from __future__ import annotations
 
 import json
+import operator
+from functools import reduce
 from typing import Literal
 
 import jsonschema
@@ -15,6 +17,8 @@ from pydantic import BaseModel, field_validator
 from typing_extensions import TypedDict
 
 from langchain_specstruct import ChatSpecStruct
+from lc_tiny_engine import marker_tokenizer, tiny_marker_engine
+from specstruct.testing import scripted_engine
 
 PROMPT = "Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON."
 
@@ -194,19 +198,21 @@ def test_unknown_tool_choice_fails_at_bind_time(model):
 
 def test_tool_calls_with_tool_call_marker_tokens():
     """The real Qwen2.5 tokenizer has `<tool_call>` as one added token: calls must still decode and parse."""
-    from lc_tiny_engine import tiny_marker_engine
-
     engine = tiny_marker_engine()
     bound = ChatSpecStruct(engine=engine, max_tokens=120).bind_tools(TOOLS, tool_choice="any")
-    msg = bound.invoke(PROMPT)
-    assert msg.tool_calls
+    assert (msg := bound.invoke(PROMPT)).tool_calls
     check_calls(msg.tool_calls)
-    marker = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
-    merged = None
-    for chunk in bound.stream(PROMPT):
-        merged = chunk if merged is None else merged + chunk
+    merged = reduce(operator.add, bound.stream(PROMPT))
     assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in msg.tool_calls]
-    assert marker not in (None, engine.tokenizer.unk_token_id)
+    assert engine.tokenizer.convert_tokens_to_ids("<tool_call>") not in (None, engine.tokenizer.unk_token_id)
+    weather = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    bound = ChatSpecStruct(engine=engine).bind_tools([weather], tool_choice="any")
+    for cut in range(4, 41, 4):  # cut short, the stream ends as invoke (found by probing: it lost held-back text)
+        msg, merged = bound.invoke(PROMPT, max_tokens=cut), reduce(operator.add, bound.stream(PROMPT, max_tokens=cut))
+        assert msg.content == merged.content == "" and len(msg.tool_calls + msg.invalid_tool_calls) == 1, cut
+        calls = [(c["name"], json.dumps(c["args"])) for c in msg.tool_calls] + [
+            (c["name"], c["args"]) for c in msg.invalid_tool_calls]
+        assert [(c["name"], c["args"]) for c in merged.tool_call_chunks] == calls, cut
 
 
 def test_pydantic_validators_and_bounds_hold_and_unsupported_dict_keywords_are_refused(model):
@@ -249,33 +255,44 @@ def test_bound_tools_add_no_grammar_to_the_prompt(engine):
     assert plain <= with_tools.usage_metadata["input_tokens"]  # (this tiny template does not render tools)
 
 
-@pytest.mark.parametrize("choice", ["auto", "any"])
-def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call_not_an_exception(choice):
-    """Found by probing: this raised IncompleteOutputError; ChatOpenAI returns finish_reason "length" with the cut
-    call in invalid_tool_calls (and an agent loop sees it instead of crashing)."""
-    from specstruct.testing import scripted_engine
+CALL_TEXT = '<tool_call>\n{"name": "set_mood", "arguments": {"happy": true}}\n</tool_call>'
 
-    text = '<tool_call>\n{"name": "set_mood", "arguments": {"happy": true}}\n</tool_call>'
-    engine = scripted_engine(text)
+
+@pytest.mark.parametrize("choice, text, markers, cuts", [
+    ("any", CALL_TEXT, False, range(4, 41, 3)), ("auto", CALL_TEXT, False, range(4, 41, 3)),
+    ("auto", CALL_TEXT.replace("<tool_call>", "```json").replace("</tool_call>", "```"), False, range(4, 41, 3)),
+    ("auto", "Let me check.\n" + CALL_TEXT, True, range(4, 41, 3)),  # text first: `<tool_call>` is one token
+    ("any", CALL_TEXT + "\n" + CALL_TEXT, False, range(58, 100, 4))])  # the second call cut
+def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call_not_an_exception(choice, text, markers, cuts):
+    """Found by probing: this raised IncompleteOutputError (ChatOpenAI: finish_reason "length", the cut call in
+    invalid_tool_calls); then a cut inside `<tool_call>` or the name lost the call and leaked its markup as content."""
+    engine = scripted_engine(text, tokenizer=marker_tokenizer() if markers else None)
     ids = engine.tokenizer.encode(text, add_special_tokens=False)
-    cut = next(n for n in range(len(ids)) if "tr" in engine.tokenizer.decode(ids[:n]))  # inside the arguments
-    model = ChatSpecStruct(engine=engine, max_tokens=cut)
-    msg = model.bind_tools([set_mood], tool_choice=choice).invoke("x")
-    assert msg.response_metadata["finish_reason"] == "length" and not msg.tool_calls
-    [bad] = msg.invalid_tool_calls
-    assert bad["name"] == "set_mood" and bad["args"].startswith('{"happy"') and "max_tokens" in bad["error"]
-    assert msg.usage_metadata["output_tokens"] > 0
-    merged = None
-    for chunk in model.bind_tools([set_mood], tool_choice=choice).stream("x"):
-        merged = chunk if merged is None else merged + chunk
-    assert merged.response_metadata["finish_reason"] == "length"
-    assert [c["name"] for c in merged.tool_calls + merged.invalid_tool_calls] == ["set_mood"]
+    before = text[:text.rindex("```json" if text.startswith("```") else "<tool_call>")]  # text or a first call
+    for cut in cuts:
+        model = ChatSpecStruct(engine=engine, max_tokens=cut).bind_tools([set_mood], tool_choice=choice)
+        msg = model.invoke("x")
+        written = engine.tokenizer.decode(ids[:cut], skip_special_tokens=False)
+        assert msg.response_metadata["finish_reason"] == "length" and "<tool_" not in msg.content, (cut, msg.content)
+        done = [("set_mood", {"happy": True})] if "</tool_call>\n" in written else []
+        assert [(c["name"], c["args"]) for c in msg.tool_calls] == done and msg.usage_metadata["output_tokens"] > 0, cut
+        if len(written) <= len(before):  # the (second) call has not started: no cut call
+            assert msg.content == ("" if done else written) and not msg.invalid_tool_calls, cut
+        else:
+            [bad] = msg.invalid_tool_calls
+            assert msg.content == ("Let me check." if markers else "") and "max_tokens" in bad["error"], cut
+            rest = written[len(before):]  # name and arguments as far as written (None: the name's string not opened)
+            name = rest.partition('"name": "')[2][:8] if '"name": "' in rest else None
+            assert (bad["name"], bad["args"]) == (name, rest.partition('"arguments": ')[2][:15]), (cut, bad)
+        merged = reduce(operator.add, model.stream("x"))  # (merging parses cut arguments leniently: compare chunks)
+        assert merged.content == msg.content and merged.response_metadata["finish_reason"] == "length", cut
+        assert [(c["name"], c["args"]) for c in merged.tool_call_chunks] == [
+            (c["name"], json.dumps(c["args"])) for c in msg.tool_calls] + [
+            (c["name"], c["args"]) for c in msg.invalid_tool_calls], cut
 
 
 def test_stop_strings_apply_with_tools_bound():
     """Found by probing: with tools bound, stop was dropped even for a plain-text reply (ChatOpenAI applies it)."""
-    from specstruct.testing import scripted_engine
-
     model = ChatSpecStruct(engine=scripted_engine("Hello there friend."), max_tokens=50).bind_tools([set_mood])
     msg = model.invoke("x", stop=["there"])
     assert msg.content == "Hello " and msg.response_metadata["finish_reason"] == "stop"
