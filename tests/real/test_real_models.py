@@ -49,6 +49,18 @@ def test_choice_and_regex_on_the_real_tokenizer(real_engine):
     assert 1900 <= int(year) < 2100
 
 
+def test_tools_on_the_python_api_give_a_checked_call(real_engine):
+    """Qwen2.5's `<tool_call>` is an added token: the call is parsed from the ids and checked by the grammar."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city"]}}}
+    reply = real_engine.generate([{"role": "user", "content": "What's the weather in Paris, in celsius?"}],
+                                 tools=[weather], tool_choice="required", max_new_tokens=60)
+    assert isinstance(reply, ss.ToolReply) and reply.content == ""
+    (call,) = reply.tool_calls
+    assert call["name"] == "get_weather" and call["arguments"]["city"] == "Paris"
+
+
 def test_code_mode_parses(real_engine):
     code = real_engine.generate("Write a Python function `add(a, b)` that returns a + b. Only the code.",
                                 ss.Code("python"), max_new_tokens=64)
