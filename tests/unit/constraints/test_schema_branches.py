@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_schema_logic import check_labels_and_automaton, check_random_walks, make
+from test_schema_logic import case_tests, make
 
 from specstruct.constraints.json_llguidance import _grammar, prepare
 from specstruct.errors import ConstraintError
@@ -95,14 +95,8 @@ REFUSED = {  # (subschema, keyword named)
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_rewrite_accepts_valid_and_rejects_invalid(tok, name):
-    check_labels_and_automaton(tok, name, *CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_random_walks_end_only_in_instances_of_the_original_schema(tok, name):
-    check_random_walks(tok, name, CASES[name][0])
+test_rewrite_accepts_valid_and_rejects_invalid, test_random_walks_end_only_in_instances_of_the_original_schema = \
+    case_tests(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -110,14 +110,23 @@ def make(tok, schema):
                               eos_token_ids=[tok.eos_token_id])
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_rewrite_accepts_valid_and_rejects_invalid(tok, name):
-    check_labels_and_automaton(tok, name, *CASES[name])
+def case_tests(cases: dict) -> tuple:
+    """The two tests every rewrite's CASES get (here, in test_schema_branches and test_schema_names): labels agree
+    with `jsonschema` and the automaton with them; random walks end only in instances of the original schema."""
+
+    @pytest.mark.parametrize("name", sorted(cases))
+    def test_rewrite_accepts_valid_and_rejects_invalid(tok, name):
+        check_labels_and_automaton(tok, name, *cases[name])
+
+    @pytest.mark.parametrize("name", sorted(cases))
+    def test_random_walks_end_only_in_instances_of_the_original_schema(tok, name):
+        check_random_walks(tok, name, cases[name][0])
+
+    return test_rewrite_accepts_valid_and_rejects_invalid, test_random_walks_end_only_in_instances_of_the_original_schema
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_random_walks_end_only_in_instances_of_the_original_schema(tok, name):
-    check_random_walks(tok, name, CASES[name][0])
+test_rewrite_accepts_valid_and_rejects_invalid, test_random_walks_end_only_in_instances_of_the_original_schema = \
+    case_tests(CASES)
 
 
 def check_labels_and_automaton(tok, name, schema, valid, invalid):

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from specstruct.errors import ConstraintError
-from test_schema_logic import check_labels_and_automaton, check_random_walks, make
+from test_schema_logic import case_tests, make
 
 INT = {"type": "integer"}
 CASES = {
@@ -36,14 +36,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_rewrite_accepts_valid_and_rejects_invalid(tok, name):
-    check_labels_and_automaton(tok, name, *CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_random_walks_end_only_in_instances_of_the_original_schema(tok, name):
-    check_random_walks(tok, name, CASES[name][0])
+test_rewrite_accepts_valid_and_rejects_invalid, test_random_walks_end_only_in_instances_of_the_original_schema = \
+    case_tests(CASES)
 
 
 @pytest.mark.parametrize("names", [{"maxLength": 3}, {"not": {"const": "a"}}, {"format": "email"}])

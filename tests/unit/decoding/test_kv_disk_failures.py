@@ -78,14 +78,6 @@ def _submit(e: ss.SpecStruct, job):
     return e.scheduler.submit(ids, e.constraint(output_type).fork(), e.config.merged(max_new_tokens=max_new))
 
 
-@pytest.fixture()
-def engines():
-    made = []
-    yield made
-    for e in made:
-        e.close()
-
-
 @pytest.fixture(scope="module")
 def alone(tok, target, close_draft):
     """Each job's greedy output run alone, without memory pressure (the reference for every test here)."""

@@ -76,14 +76,6 @@ def _preemption(e: ss.SpecStruct) -> dict:
     return e.cache_info()["preemption"]
 
 
-@pytest.fixture()
-def engines():
-    made = []
-    yield made
-    for e in made:
-        e.close()
-
-
 @pytest.mark.parametrize("with_draft", [False, True])
 def test_preempted_batch_equals_each_request_alone(tok, target, close_draft, tmp_path, engines, with_draft):
     e = _engine(tok, target, close_draft if with_draft else None, tmp_path)

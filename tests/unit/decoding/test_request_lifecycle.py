@@ -48,18 +48,24 @@ def test_odd_timeouts_are_refused_by_name(timeout):
         asyncio.run(engine.arun("x", timeout=timeout))
 
 
-def test_cancelled_requests_hold_no_queue_place(monkeypatch):
+def warm_engine_with_slow_steps(monkeypatch, seconds: float, max_new_tokens: int, **batch_config):
+    """A tiny engine, warmed up, whose every later step first sleeps `seconds` (a long prefill, a big model)."""
     tok = tiny_tokenizer()
-    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=8),
-                           batch_config={"max_batch_size": 1, "max_queue": 1, "timeout_ms": 0})
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok,
+                           config=ss.SpecConfig(max_new_tokens=max_new_tokens), batch_config=batch_config or None)
     engine.run("warm", max_new_tokens=1)
     step = batch.BatchDecoder.step
 
     def slow(self):
-        time.sleep(0.4)
+        time.sleep(seconds)
         return step(self)
 
     monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    return engine
+
+
+def test_cancelled_requests_hold_no_queue_place(monkeypatch):
+    engine = warm_engine_with_slow_steps(monkeypatch, 0.4, 8, max_batch_size=1, max_queue=1, timeout_ms=0)
     a = threading.Thread(target=engine.run, args=("A",))
     a.start()
     time.sleep(0.1)
@@ -90,16 +96,7 @@ def test_generate_many_starts_nothing_after_the_first_failure():
 
 def test_close_waits_for_the_step_under_way(monkeypatch):
     """A step still inside torch at interpreter exit aborts the process; close() waits for it instead."""
-    tok = tiny_tokenizer()
-    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=4))
-    engine.run("warm", max_new_tokens=1)
-    step = batch.BatchDecoder.step
-
-    def slow(self):
-        time.sleep(2.5)
-        return step(self)
-
-    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    engine = warm_engine_with_slow_steps(monkeypatch, 2.5, 4)
     errors = []
     t = threading.Thread(target=lambda: errors.append(pytest.raises(ss.EngineClosedError, engine.run, "A")))
     t.start()
