@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,9 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str]) -> None:
     if key in _PASSED or not hasattr(os, "fork"):
         return
     budget = min(limits().time_s, 10.0)
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs only
+        warnings.simplefilter("ignore", DeprecationWarning)  # llguidance and numpy, takes no lock, and _exits
+        pid = os.fork()
     if pid == 0:  # the child: only llguidance and numpy run here, then it leaves without any cleanup
         code = 0
         try:
