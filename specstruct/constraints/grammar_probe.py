@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 import warnings
 from typing import Any
@@ -22,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from specstruct.constraints.limits import limits, too_complex
+from specstruct.errors import ConstraintError
 
 WALKS, STEPS = 6, 48
 _PASSED: dict[tuple[str, str], None] = {}  # (tokenizer key, grammar source) -> probed; insertion-ordered, bounded
+_LOCK = threading.Lock()
 
 
 def probe(matcher: Any, vocab_size: int, key: tuple[str, str]) -> None:
@@ -32,30 +35,54 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str]) -> None:
     if key in _PASSED or not hasattr(os, "fork"):
         return
     budget = min(limits().time_s, 10.0)
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs only
-        warnings.simplefilter("ignore", DeprecationWarning)  # llguidance and numpy, takes no lock, and _exits
-        pid = os.fork()
+    try:
+        with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs
+            warnings.simplefilter("ignore", DeprecationWarning)  # only llguidance and numpy, takes no lock, _exits
+            pid = os.fork()
+    except OSError as err:  # no memory to fork (strict overcommit): unprobed, as without fork()
+        warnings.warn(f"could not probe a grammar in a child process ({err}); compiling it unprobed", RuntimeWarning)
+        return
     if pid == 0:  # the child: only llguidance and numpy run here, then it leaves without any cleanup
         code = 0
         try:
+            signal.alarm(int(budget) + 2)  # dies by itself if the parent is gone (an orphan spinning at 100% CPU)
             _walk(matcher, vocab_size)
         except BaseException:  # noqa: BLE001 - an error is not a hang; the parent sees it in normal use
             code = 1
         os._exit(code)
-    deadline = time.monotonic() + budget
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            _PASSED[key] = None
-            while len(_PASSED) > 1024:
-                _PASSED.pop(next(iter(_PASSED)))
-            return
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; llguidance "
-                      "loops on some grammars, e.g. two adjacent terminals of one repeated character "
-                      "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
+    status = _wait(pid, time.monotonic() + budget)
+    if status is None:
+        raise too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
+                          "llguidance loops on some grammars, e.g. two adjacent terminals of one repeated character "
+                          "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
+    if os.WIFSIGNALED(status):  # llguidance crashed on it: in this process it would take the server down
+        raise ConstraintError(f"llguidance crashed on this grammar in a probe (signal {os.WTERMSIG(status)}); "
+                              "simplify the grammar")
+    with _LOCK:
+        _PASSED[key] = None
+        while len(_PASSED) > 1024:
+            _PASSED.pop(next(iter(_PASSED)))
+
+
+def _wait(pid: int, deadline: float) -> int | None:
+    """The child's wait status, or None after killing it at `deadline`. The child is always reaped, also when this
+    thread is interrupted (Ctrl-C) or someone else reaped it (SIGCHLD ignored: read as a clean exit)."""
+    reaped = False
+    try:
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reaped = True
+                return status
+            time.sleep(0.005)
+        return None
+    except ChildProcessError:
+        reaped = True  # nothing to kill: a reaped pid may already belong to another process
+        return 0
+    finally:
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def _walk(matcher: Any, vocab_size: int) -> None:

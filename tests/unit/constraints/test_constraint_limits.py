@@ -183,3 +183,31 @@ def test_a_forked_child_gets_its_own_compile_worker(tok):
             os._exit(0 if ok else 1)
     assert os.waitpid(pid, 0)[1] == 0
     assert parent.alive() and make(tok, "regex", "[ef]{2}").accepts("ef")
+
+
+def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
+    """Ctrl-C while waiting must not leave a child spinning in llguidance's loop (an orphan at 100% CPU)."""
+    import os
+
+    from specstruct.constraints import grammar_probe
+
+    L.set_limits(time_s=5.0)
+    children = []
+    real_fork = os.fork
+
+    def fork():
+        pid = real_fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(grammar_probe.os, "fork", fork)
+    monkeypatch.setattr(grammar_probe.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make(tok, "grammar", 'start: A A\nA: /b+/')
+    (pid,) = children
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped: killed, not left running
