@@ -108,14 +108,23 @@ class SpecConfig(BaseModel):
         return [value] if isinstance(value, str) else value
 
     def for_call(self, config: "SpecConfig | dict[str, Any] | None", **overrides: Any) -> "SpecConfig":
-        """The config of one call: `config` (a SpecConfig, or a dict of its keys over this one; None: this one)
-        with `overrides` merged."""
-        if isinstance(config, SpecConfig):  # the keys it sets, over this one's (its defaults would reset the engine's)
-            config = {k: getattr(config, k) for k in config.model_fields_set}
-        elif config is not None and not isinstance(config, dict):
+        """The config of one call: `config` (a SpecConfig: the keys it was given, an explicit None included, as
+        `seed=None` for an unseeded call; or a dict of keys; None: this one) over this one, then `overrides` (None
+        values: not given). `max_candidates` merges per mode over this engine's caps, not the defaults."""
+        if isinstance(config, SpecConfig):  # its defaults would reset the engine's own values
+            given = {k: getattr(config, k) for k in config.model_fields_set}
+            if "max_candidates" in given:  # validated, it lists every mode: the modes it changed from the default
+                given["max_candidates"] = {m: v for m, v in given["max_candidates"].items() if v != DEFAULT_CAPS[m]}
+        elif isinstance(config, dict):
+            given = {k: v for k, v in config.items() if v is not None}
+        elif config is None:
+            given = {}
+        else:
             raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
-        keys = {**(config or {}), **{k: v for k, v in overrides.items() if v is not None}}
-        call = self.merged(**keys)
+        keys = {**given, **{k: v for k, v in overrides.items() if v is not None}}
+        if isinstance(keys.get("max_candidates"), dict):
+            keys["max_candidates"] = {**self.max_candidates, **keys["max_candidates"]}
+        call = _validated({**self.model_dump(), **keys})
         # an engine key the call sets to another value would be silently ignored
         differs = sorted(k for k in ENGINE_KEYS if k in keys and getattr(call, k) != getattr(self, k))
         if differs:
@@ -126,18 +135,20 @@ class SpecConfig(BaseModel):
     def merged(self, **overrides: Any) -> "SpecConfig":
         """A copy with the given keys replaced (None values are ignored). A bad value raises
         InvalidParameterError naming the key and the allowed range."""
-        data = self.model_dump()
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return SpecConfig(**data)
-        except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}={e.get('input')!r}: {e['msg']}"
-                                 for e in err.errors())
-            raise InvalidParameterError(f"invalid decoding parameter: {problems}") from None
+        return _validated({**self.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
 
     def cap(self, mode: str) -> int:
         """Largest number of draft candidates per step for an output mode."""
         return self.max_candidates.get(mode, DEFAULT_CAPS["json"])
+
+
+def _validated(data: dict[str, Any]) -> SpecConfig:
+    try:
+        return SpecConfig(**data)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}={e.get('input')!r}: {e['msg']}"
+                             for e in err.errors())
+        raise InvalidParameterError(f"invalid decoding parameter: {problems}") from None
 
 
 class BatchConfig(BaseModel):

@@ -131,3 +131,12 @@ def test_seeds_beyond_32_bits_are_not_folded_onto_small_ones(tok):
     engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, config=ss.SpecConfig(max_new_tokens=8))
     outs = {tuple(engine.run("x", temperature=1.0, seed=s).token_ids) for s in seeds}
     assert len(outs) > 1
+
+
+def test_a_per_call_config_merges_caps_per_mode_and_an_explicit_none_clears():
+    engine_config = ss.SpecConfig(max_candidates={"json": 4, "code": 4, "text": 1}, seed=5)
+    call = engine_config.for_call(ss.SpecConfig(max_candidates={"json": 16}, seed=None))
+    assert call.max_candidates["json"] == 16 and call.max_candidates["code"] == 4 and call.max_candidates["text"] == 1
+    assert call.seed is None  # SpecConfig(seed=None): an unseeded call, as before per-call merging
+    assert engine_config.for_call({"max_candidates": {"text": 2}}).max_candidates["json"] == 4
+    assert engine_config.for_call({"seed": None}).seed == 5  # in a dict (or a keyword) None means "not given"
