@@ -55,7 +55,28 @@ def _key_patterns() -> type:
                 out["propertyNames"] = names
             return out
 
+        def datetime_schema(self, schema: Any) -> Any:
+            return _moment(super().datetime_schema(schema), f"{DATE}T{TIME}", schema.get("tz_constraint"))
+
+        def time_schema(self, schema: Any) -> Any:
+            return _moment(super().time_schema(schema), TIME, schema.get("tz_constraint"))
+
     return KeyPatterns
+
+
+# RFC 3339 (llguidance's `date-time` and `time` formats) requires an offset, so every datetime came back
+# timezone-aware and NaiveDatetime never validated. As Pydantic reads them: an offset for AwareDatetime, none for
+# NaiveDatetime, either for datetime / time. Days follow the month (29 February in any year: the validator's).
+DATE = (r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+        r"|02-(?:0[1-9]|1[0-9]|2[0-9]))")
+TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+OFFSET = r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+
+
+def _moment(out: dict, body: str, tz: str | None) -> dict:
+    offset = {"aware": OFFSET, "naive": ""}.get(tz or "", f"{OFFSET}?")
+    out.pop("format", None)
+    return {**out, "pattern": f"^{body}{offset}$"}
 
 
 def _key_names(keys: dict) -> dict | None:

@@ -10,10 +10,6 @@ from typing import Any
 # Pydantic's Decimal-as-string pattern (a look-ahead: "not only signs and dots") and the same language without one.
 DECIMAL_PATTERN = r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$"
 DECIMAL_EQUIVALENT = r"^[+-]?(\d+\.?\d*|\.\d+)$"
-# RFC 3339 (llguidance's `date-time` and `time` formats) requires an offset, so a Pydantic datetime or time always came
-# back timezone-aware (and NaiveDatetime never validated); Pydantic reads both forms, so the offset is optional.
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?"
-PYDANTIC_FORMATS = {"date-time": rf"^[0-9]{{4}}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T{_TIME}$", "time": f"^{_TIME}$"}
 
 
 def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
@@ -28,8 +24,6 @@ def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
         return schema
     out = {k: (v if k in ("enum", "const", "default", "examples") else llguidance_source(v, from_pydantic))
            for k, v in schema.items() if not (from_pydantic and k == "uniqueItems" and isinstance(v, bool))}
-    if from_pydantic and out.get("format") in PYDANTIC_FORMATS and "pattern" not in out:
-        out["pattern"] = PYDANTIC_FORMATS[out.pop("format")]  # the day's range is left to the validator
     if from_pydantic and any(isinstance(out.get(b), (int, float)) for b in BOUNDS) and not _bounds_compile(out):
         for b in BOUNDS:  # beyond what llguidance builds (|x| ~ 1e18 and up, tiny non-zero): left to the validator
             out.pop(b, None)

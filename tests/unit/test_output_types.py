@@ -260,10 +260,13 @@ def test_pydantic_datetimes_and_times_may_be_naive_and_dicts_keep_rfc3339(tok):
     for output_type, naive, aware, wrong in (
             (datetime.datetime, '"2024-01-31T12:30:00"', '"2024-01-31T12:30:00.5+02:00"', '"2024-13-31T12:30:00"'),
             (datetime.time, '"12:30:00"', '"12:30:00Z"', '"25:30:00"'),
-            (pydantic.NaiveDatetime, '"2024-01-31T12:30:00"', '"2024-01-31T12:30:00Z"', '"2024-01-31 12:30"')):
+            (datetime.datetime, '"2024-02-29T12:30:00"', '"2024-04-30T10:00:00Z"', '"2024-04-31T10:00:00Z"')):
         out = resolve(output_type)
         c = compiled(tok, out)
         assert c.accepts(naive) and c.accepts(aware) and not c.accepts(wrong), output_type
+    naive_only, aware_only = compiled(tok, resolve(pydantic.NaiveDatetime)), compiled(tok, resolve(pydantic.AwareDatetime))
+    assert naive_only.accepts('"2024-01-31T12:30:00"') and not naive_only.accepts('"2024-01-31T12:30:00Z"')
+    assert aware_only.accepts('"2024-01-31T12:30:00Z"') and not aware_only.accepts('"2024-01-31T12:30:00"')
     assert resolve(datetime.datetime).parse('"2024-01-31T12:30:00"').tzinfo is None
     strict = compiled(tok, resolve({"type": "string", "format": "date-time"}))
     assert not strict.accepts('"2024-01-31T12:30:00"') and strict.accepts('"2024-01-31T12:30:00Z"')
