@@ -80,9 +80,15 @@ def _moment(out: dict, body: str, tz: str | None) -> dict:
 
 
 def _key_names(keys: dict) -> dict | None:
+    """The key names of a dict whose keys Pydantic parses from strings, or None (left as Pydantic writes it): keys
+    with their own bounds or versions (`dict[PositiveInt, X]`, `dict[UUID4, X]`) are left to the validator."""
     kind = keys.get("type")
+    if kind == "literal" and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in keys["expected"]):
+        return {"enum": [str(v) for v in keys["expected"]]}
     if kind == "enum" and keys.get("sub_type") in ("int", "float"):
         return {"enum": [str(m.value) for m in keys.get("members", [])]}
+    if set(keys) - {"type", "metadata", "ref", "serialization"}:
+        return None
     if kind == "bool":
         return {"enum": ["true", "false"]}
     return {"pattern": KEY_PATTERNS[kind]} if kind in KEY_PATTERNS else None

@@ -38,7 +38,10 @@ def rewrite_property_names(schema: Any) -> Any:
 
 
 def _rewrite(node: dict, root: Any) -> None:
-    names = deref(root, node["propertyNames"])  # an Enum key is a $ref to the Enum's definition
+    names = node["propertyNames"]
+    if isinstance(names, dict) and "$ref" in names and set(names) - PLAIN - {"$ref"}:
+        return  # keywords next to the $ref also hold: not rewritten (refused by llguidance, by name)
+    names = deref(root, names)  # an Enum key is a $ref to the Enum's definition
     if names is True or names == {}:
         del node["propertyNames"]
     elif names is False:

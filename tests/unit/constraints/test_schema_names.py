@@ -89,3 +89,17 @@ def test_pydantic_dicts_keyed_by_int_enum_uuid_date_bool_or_float():
                                  (dict[float, int], '{"1.5": 1, "2e3": 2}', '{"a": 1}')):
         c = engine.constraint(output_type)
         assert c.accepts(yes) and not c.accepts(no), output_type
+
+
+def test_key_types_with_their_own_bounds_are_left_to_pydantic_and_int_literals_are_listed(tok):
+    from pydantic import PositiveInt
+
+    from specstruct.output_types import resolve
+
+    assert "propertyNames" not in resolve(dict[PositiveInt, int]).json_schema  # "-1" would pass a pattern
+    names = resolve(dict[Literal[1, 2], int]).json_schema["propertyNames"]
+    assert names == {"enum": ["1", "2"]}
+    ref_with_sibling = {"$defs": {"K": {"enum": ["a", "bb"]}}, "type": "object",
+                        "propertyNames": {"$ref": "#/$defs/K", "maxLength": 1}}
+    with pytest.raises(ConstraintError, match="propertyNames"):  # not rewritten: the sibling would be lost
+        make(tok, ref_with_sibling)
