@@ -14,13 +14,11 @@ def pydantic_schema(t: Any) -> tuple[dict, Any]:
     """(JSON schema, TypeAdapter) of a Pydantic-describable type."""
     from pydantic import TypeAdapter
 
-    _check_aliases(t)
+    by_alias = _check_aliases(t)  # the keys Pydantic validates by (validate_by_alias=False: field names)
     t_schema = _as_extensions_typeddict(t) if isinstance(t, type) and typing.is_typeddict(t) and \
         type(t).__module__ == "typing" else t
     try:
         adapter = TypeAdapter(t_schema)
-        # the keys Pydantic validates by: a model that reads field names only (validate_by_alias=False) gets them
-        by_alias = (getattr(t, "model_config", None) or {}).get("validate_by_alias", True) is not False
         schema = adapter.json_schema(by_alias=by_alias, schema_generator=_key_patterns())
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {safe_repr(t)}: Pydantic cannot describe it as JSON "
@@ -28,17 +26,39 @@ def pydantic_schema(t: Any) -> tuple[dict, Any]:
     return schema, adapter
 
 
-def _check_aliases(t: Any) -> None:
+def _check_aliases(t: Any) -> bool:
     """A field whose value Pydantic reads from a path (`validation_alias=AliasPath("outer", 0)`) has no JSON-schema
-    key: the grammar would write the field's name and every output would fail validation."""
+    key: the grammar would write the field's name and every output would fail validation. Nor can one schema key
+    a nested model by field names and its parent by aliases (validate_by_alias differing between them)."""
     from pydantic import AliasChoices, AliasPath
 
-    for name, f in (getattr(t, "model_fields", None) or {}).items():
-        alias = f.validation_alias
-        first = alias.choices[0] if isinstance(alias, AliasChoices) and alias.choices else alias
-        if isinstance(first, AliasPath):
-            raise ConstraintError(f"field {name!r} of {t.__name__} reads its value from a path ({first!r}), which a "
-                                  "JSON schema cannot describe: use a plain alias, or a nested model")
+    by_alias = set()
+    for model in _models(t):
+        by_alias.add((getattr(model, "model_config", None) or {}).get("validate_by_alias", True) is not False)
+        for name, f in (getattr(model, "model_fields", None) or {}).items():
+            alias = f.validation_alias
+            first = alias.choices[0] if isinstance(alias, AliasChoices) and alias.choices else alias
+            if isinstance(first, AliasPath):
+                raise ConstraintError(f"field {name!r} of {model.__name__} reads its value from a path ({first!r}), "
+                                      "which a JSON schema cannot describe: use a plain alias, or a nested model")
+    if len(by_alias) > 1:
+        raise ConstraintError(f"the models in {safe_repr(t)} disagree on validate_by_alias (some validate by field "
+                              "name only): one JSON schema cannot key them both ways; give them the same setting")
+    return by_alias != {False}  # keyed by aliases unless every model validates by name only
+
+
+def _models(t: Any) -> list[type]:
+    """The Pydantic models in a type: itself, its fields' types and their arguments, once each."""
+    seen: dict[type, None] = {}
+    todo = [t]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, type) and hasattr(node, "model_fields") and node not in seen:
+            seen[node] = None
+            todo.extend(f.annotation for f in node.model_fields.values())
+        else:
+            todo.extend(typing.get_args(node))
+    return list(seen)
 
 
 def _key_patterns() -> type:

@@ -330,3 +330,28 @@ def test_bounds_beyond_what_the_grammar_builds_are_left_to_pydantic_and_named_in
                    {"type": "number", "exclusiveMinimum": 1e-300}):
         with pytest.raises(ConstraintError, match="numeric bound .* beyond what the grammar can express"):
             compiled(tok, resolve(schema))
+
+
+def test_aliases_are_checked_in_nested_models_too():
+    from pydantic import AliasPath, ConfigDict
+
+    class Inner(BaseModel):
+        x: int = Field(validation_alias=AliasPath("outer", 0))
+
+    class Outer(BaseModel):
+        items: list[Inner]
+
+    for output_type in (Outer, list[Inner]):
+        with pytest.raises(ConstraintError, match="field 'x' of Inner reads its value from a path"):
+            resolve(output_type)
+
+    class ByName(BaseModel):
+        model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
+        n: str = Field(alias="N")
+
+    class Parent(BaseModel):
+        child: ByName
+
+    with pytest.raises(ConstraintError, match="disagree on validate_by_alias"):
+        resolve(Parent)
+    assert list(resolve(list[ByName]).json_schema["$defs"]["ByName"]["properties"]) == ["n"]  # by name, as validated
