@@ -163,6 +163,11 @@ def tool_grammar(
     return "\n".join(lines) + "\n"
 
 
+def _hidden_markers(tokenizer: Any) -> bool:
+    ids = [tokenizer.convert_tokens_to_ids(m) for m in special_markers(tokenizer)]
+    return any(tokenizer.decode([i], skip_special_tokens=True) == "" for i in ids if isinstance(i, int))
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -190,9 +195,10 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def reply_text(tokenizer: Any, text: str, token_ids: Sequence[int], tools: Any) -> str:
-    """The reply text to parse for calls: with tools bound and markers that are added tokens (hidden by
-    `skip_special_tokens`), the tokens decoded again with special tokens kept (EOS dropped)."""
-    if not (tools and special_markers(tokenizer)):
+    """The reply text to parse for calls: `text` itself (cut at a stop string), unless the markers are added tokens
+    that `skip_special_tokens` hides (marked special); then the tokens decoded again with them kept (EOS dropped;
+    a stop string's cut is not re-applied there). Qwen2.5's markers are not hidden."""
+    if not (tools and _hidden_markers(tokenizer)):
         return text
     ids = [t for t in token_ids if t != tokenizer.eos_token_id]
     return tokenizer.decode(ids, skip_special_tokens=False)

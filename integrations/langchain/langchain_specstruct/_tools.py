@@ -20,6 +20,7 @@ from specstruct.tools import (  # noqa: F401 - re-exported for the chat model an
     call_schema,
     new_call_id,
     not_prefixed_by,
+    reply_text,
     select_tools,
     special_markers,
     tool_grammar,

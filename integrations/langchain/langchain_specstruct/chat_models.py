@@ -24,8 +24,8 @@ from langchain_specstruct._tools import (
     call_schema,
     cut_reply,
     parse_tool_calls,
+    reply_text,
     select_tools,
-    special_markers,
     tool_grammar,
 )
 from specstruct.errors import IncompleteOutputError, ValidationRetryError
@@ -148,12 +148,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                         model or self._model_name(engine))
 
     def _reply_text(self, req: _Request, result: Any) -> str:
-        """The reply text; with tools, decoded with special tokens kept so `<tool_call>` markers survive."""
-        tok = req.engine.tokenizer
-        if not (req.tools and special_markers(tok)):
-            return result.text
-        ids = [t for t in result.token_ids if t != tok.eos_token_id]
-        return tok.decode(ids, skip_special_tokens=False)
+        """The reply text; with tools, `<tool_call>` markers kept where decoding hides them (specstruct.tools)."""
+        return reply_text(req.engine.tokenizer, result.text, result.token_ids, req.tools)
 
     def _metadata(self, req: _Request, result: Any, has_calls: bool) -> dict[str, Any]:
         return {"model_name": req.model_name, "model_provider": "specstruct",
