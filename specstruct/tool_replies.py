@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from .errors import InvalidParameterError
 from .output_types import Grammar, OutputSpec, resolve
+from .tool_schema import check_tools
 from .tools import parse_tool_calls, reply_text, tool_grammar
 
 
@@ -38,6 +39,7 @@ def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, t
             raise InvalidParameterError(f"tool_choice={tool_choice!r} and an output type exclude each other: the "
                                         "output type decides the reply; drop one of them")
         return resolve(output_type)
+    tools = check_tools(tools, distinct=True)
     grammar = Grammar(tool_grammar(tools, tool_choice, tokenizer), instruction="")  # the template describes them
     spec = resolve(grammar)
 

@@ -10,7 +10,7 @@ import json
 from typing import Any, Sequence
 
 from specstruct.constraints.schema_logic import DATA, IGNORED, NAME_MAPS, dict_nodes
-from specstruct.errors import ConstraintError
+from specstruct.errors import ConstraintError, InvalidParameterError
 
 # Qwen's template serialises arguments with `tojson`: ", " and ": " separators, no newlines. Matching that
 # exactly keeps the model on familiar ground and makes the punctuation forced text (free to draft).
@@ -20,6 +20,28 @@ _JSON_FORMAT = {"whitespace_flexible": False, "key_separator": ": ", "item_separ
 def tool_name(tool: dict[str, Any]) -> str:
     """The function name of an OpenAI tool dict (`{"type": "function", "function": {...}}`)."""
     return tool["function"]["name"]
+
+
+def check_tools(tools: Any, distinct: bool = False) -> list[dict[str, Any]]:
+    """`tools` as a list of OpenAI tool dicts with string names (the same tool twice: once), or InvalidParameterError
+    naming what is wrong (a raw KeyError or TypeError otherwise). `distinct`: two different tools of one name are
+    refused too (a call to that name could match either); LangChain's standard tests bind a model and its schema
+    under one name, so bind_tools allows it."""
+    shape = '{"type": "function", "function": {"name": "...", "parameters": {...}}}'
+    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence):
+        raise InvalidParameterError(f"tools takes a list of tool dicts like {shape}, got {type(tools).__name__}")
+    by_name: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidParameterError(f"tools[{i}] is not a function tool with a name: {str(tool)[:120]}; "
+                                        f"write it as {shape}")
+        if distinct and name in by_name and by_name[name] != tool:
+            raise InvalidParameterError(f"tools name {name!r} twice, with different definitions; give every tool "
+                                        "its own name")
+        by_name[name] = tool
+    return list(by_name.values())  # the same tool bound twice is one tool
 
 
 # a document's own URI and dialect: nested in the call schema, an `id` would become the base its `#/...` refs resolve in

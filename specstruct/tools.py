@@ -26,7 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from specstruct.tool_schema import call_schema, tool_name
+from specstruct.errors import InvalidParameterError
+from specstruct.tool_schema import call_schema, check_tools, tool_name
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"
@@ -105,7 +106,7 @@ def select_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> tuple[lis
     Accepts "auto", "any", "required", "none", True (= required), None (= auto), a tool name, or an
     OpenAI-style `{"type": "function", "function": {"name": ...}}` dict.
     """
-    tools = list(tools)
+    tools = check_tools(tools)
     if tool_choice in (None, "auto"):
         return tools, "auto"
     if tool_choice in ("any", "required", True):
@@ -116,12 +117,12 @@ def select_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> tuple[lis
     if isinstance(tool_choice, dict):
         function = tool_choice.get("function")
         if function is not None and not isinstance(function, dict):
-            raise ValueError(f"tool_choice={tool_choice!r}: 'function' must be an object naming the tool, "
+            raise InvalidParameterError(f"tool_choice={tool_choice!r}: 'function' must be an object naming the tool, "
                              '{"type": "function", "function": {"name": "..."}}')
         name = (function or {}).get("name") or tool_choice.get("name")
     chosen = [t for t in tools if tool_name(t) == name]
     if not chosen:
-        raise ValueError(
+        raise InvalidParameterError(
             f"tool_choice={tool_choice!r} names no bound tool; bound tools are "
             f"{[tool_name(t) for t in tools]}. Pass one of those names, or 'auto', 'any' or 'none'."
         )

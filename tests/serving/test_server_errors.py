@@ -264,6 +264,13 @@ def test_parameters_that_would_change_the_output_are_refused_or_honoured_never_i
     expect(http.post("/completions", json={"model": MODEL, "prompt": "a", "logprobs": 0}), 400, param="logprobs")
     for name, value in (("temperature", "0.5"), ("max_tokens", "5"), ("seed", True), ("top_p", "1")):
         expect(post(http, {name: value}), 400, param=name)
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    expect(post(http, {"response_format": schema, "structured_outputs": {"choice": ["a"]}}), 400,
+           param="structured_outputs")  # one would silently override the other
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    other = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    expect(post(http, {"tools": [tool, other]}), 400, param="tools")
+    expect(post(http, {"tools": [tool], "guided_choice": ["a"]}), 400, param="guided_choice")
 
 
 def test_without_max_tokens_a_long_prompt_gets_what_the_context_window_leaves():

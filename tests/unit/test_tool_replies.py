@@ -72,3 +72,15 @@ def test_markers_as_added_tokens_still_parse():
     tok.add_tokens(["<tool_call>", "</tool_call>"], special_tokens=True)  # hidden by skip_special_tokens
     reply = scripted_engine(CALL, tokenizer=tok, max_new_tokens=60).generate("hi", tools=[WEATHER])
     assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("tools, match", [
+    ("ping", "list of tool dicts"), (WEATHER, "list of tool dicts"), (["ping"], r"tools\[0\] is not a function tool"),
+    ([{"type": "function"}], r"tools\[0\]"), ([{"type": "function", "function": {"name": 5}}], r"tools\[0\]"),
+    ([WEATHER, {**WEATHER, "function": {**WEATHER["function"], "parameters": {"type": "object"}}}], "twice")])
+def test_malformed_tools_are_named(tools, match):
+    engine = scripted_engine("hi", max_new_tokens=5)
+    with pytest.raises(ss.InvalidParameterError, match=match):
+        engine.run("hi", tools=tools)
+    with pytest.raises(ss.InvalidParameterError, match="names no bound tool"):
+        engine.run("hi", tools=[WEATHER], tool_choice="nope")

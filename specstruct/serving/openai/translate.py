@@ -100,15 +100,19 @@ def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def structured_output_type(response_format: dict | None, structured: dict | None) -> tuple[Any, str, str | None]:
+def structured_output_type(response_format: dict | None, structured: dict | None,
+                           guided: bool = False) -> tuple[Any, str, str | None]:
     """(output type, mode, request field) for `response_format` / the extra `structured_outputs`."""
+    if structured and (response_format or {}).get("type", "text") != "text":
+        raise bad_request("send response_format or structured_outputs (or vLLM's guided_* fields), not both: "
+                          "one would silently override the other", "structured_outputs")
     if structured:
         keys = [k for k in ("json", "regex", "choice", "grammar") if structured.get(k) is not None]
         if len(keys) != 1:
             raise bad_request("structured_outputs takes exactly one of json, regex, choice, grammar",
                               "structured_outputs")
         key, value = keys[0], structured[keys[0]]
-        param = f"structured_outputs.{key}"
+        param = f"guided_{key}" if guided else f"structured_outputs.{key}"  # the field the request sent
         if key == "json":
             try:
                 value = json.loads(value) if isinstance(value, str) else value
@@ -147,20 +151,22 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
     refuse_unsupported(req)
     max_new = _max_tokens(req.max_completion_tokens or req.max_tokens,
                           limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
-    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req))
+    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req),
+                                                    guided=not req.structured_outputs)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) else req.tool_choice
     if tools and (output_type is None or tool_choice != "none"):
         if output_type is not None:
             raise bad_request("send either tools or a structured response format in one request, not both",
-                              "response_format")
+                              param.split(".")[0])
         try:  # tool_choice "none": free text that cannot open a call
+            tools = tool_core.check_tools(tools, distinct=True)  # as OpenAI: one definition per name
             grammar = tool_core.tool_grammar(tools, tool_choice, tokenizer,
                                              parallel=req.parallel_tool_calls is not False)
         except ConstraintError as e:  # a tool's parameters schema
             raise bad_request(str(e), "tools", "unsupported_constraint")
-        except ValueError as e:
-            raise bad_request(str(e), "tool_choice")
+        except ValueError as e:  # the tools themselves (duplicate names) or the tool_choice
+            raise bad_request(str(e), "tools" if str(e).startswith("tools") else "tool_choice")
         mode = "text" if tool_choice == "none" else "tools"
         output_type, param = ss.Grammar(grammar, instruction=""), "tools"
     elif tool_choice == "required":
@@ -185,7 +191,8 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
         if len(prompt) != 1:
             raise bad_request("send one prompt per request (a list of several prompts is not supported)", "prompt")
         prompt = prompt[0]
-    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req))
+    output_type, mode, param = structured_output_type(req.response_format, structured_extra(req),
+                                                    guided=not req.structured_outputs)
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
                   top_p=req.top_p, seed=req.seed, stop=req.stop_list())
     return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode)  # continued as written
