@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from specstruct.constraints.grammar_probe import trust
 from specstruct.errors import InvalidParameterError
 from specstruct.tool_schema import call_schema, check_tools, tool_name
 
@@ -147,7 +148,7 @@ def tool_grammar(
     allowed, mode = select_tools(tools, tool_choice)
     no_call = f" & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"  # free text never holds a call marker (an unchecked call)
     if mode == "none" or not allowed:
-        return f"start: TEXT\nTEXT: /{not_prefixed_by(OPEN)}/{no_call}\n"
+        return trust(f"start: TEXT\nTEXT: /{not_prefixed_by(OPEN)}/{no_call}\n")
     special = special_markers(tokenizer) if tokenizer is not None else set()
     # With the marker as one special token, text may come before the calls (Qwen writes "Let me check.\n" first):
     # the token ends the text unambiguously. Spelled out in characters, text then calls cannot be lexed apart.
@@ -161,7 +162,7 @@ def tool_grammar(
     if mode == "auto":
         lines += [f"fenced: {json.dumps(FENCE_OPEN)} body {json.dumps(FENCE_CLOSE)} \"\\n\"?",
                   f"TEXT: /{not_prefixed_by(OPEN, FENCE_OPEN)}/{no_call}"]
-    return "\n".join(lines) + "\n"
+    return trust("\n".join(lines) + "\n")  # written here, not by a user: no loop probe needed
 
 
 def _hidden_markers(tokenizer: Any) -> bool:

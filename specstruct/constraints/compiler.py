@@ -83,7 +83,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     if spec.kind == "grammar":
         check_spec(spec)
         grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
-        probe(grammar._m, vocab_size, (table.key, spec.source or ""))  # llguidance can loop on a mask: see there
+        probe(grammar._m, vocab_size, (table.key, spec.source or ""), table.token_bytes)  # llguidance can loop
         try:
             empty = not grammar.is_final() and not bool(grammar.mask().any())
         except ConstraintError:  # llguidance reports an empty language as a parser error at the first mask

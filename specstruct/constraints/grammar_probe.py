@@ -25,15 +25,32 @@ import numpy as np
 from specstruct.constraints.limits import limits, too_complex
 from specstruct.errors import ConstraintError
 
-WALKS, STEPS = 6, 48
+WALKS, STEPS = 6, 256  # half the walks take the longest allowed token: deep into long terminals in few steps
 _PASSED: dict[tuple[str, str], None] = {}  # (tokenizer key, grammar source) -> probed; insertion-ordered, bounded
+_REFUSED: dict[tuple[str, str], Exception] = {}  # looping grammars: refused again at once, not after another wait
+_LENGTHS: dict[int, np.ndarray] = {}
+_TRUSTED: dict[str, None] = {}
 _LOCK = threading.Lock()
 
 
-def probe(matcher: Any, vocab_size: int, key: tuple[str, str]) -> None:
-    """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit."""
-    if key in _PASSED or not hasattr(os, "fork"):
+def trust(source: str) -> str:
+    """Mark a grammar specstruct wrote itself (the tool-call grammar: its own lexemes, user schemas only inside
+    %json, whose lexemes are delimited) as needing no probe: a probe of one costs a second or two per tool set."""
+    with _LOCK:
+        _TRUSTED[source] = None
+        while len(_TRUSTED) > 1024:
+            _TRUSTED.pop(next(iter(_TRUSTED)))
+    return source
+
+
+def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any = None) -> None:
+    """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit.
+    `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step."""
+    if key in _REFUSED:
+        raise _REFUSED[key]
+    if key in _PASSED or key[1] in _TRUSTED or not hasattr(os, "fork"):
         return
+    lengths = None if token_bytes is None else _lengths(token_bytes)
     budget = min(limits().time_s, 10.0)
     try:
         with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs
@@ -46,15 +63,18 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str]) -> None:
         code = 0
         try:
             signal.alarm(int(budget) + 2)  # dies by itself if the parent is gone (an orphan spinning at 100% CPU)
-            _walk(matcher, vocab_size)
+            _walk(matcher, vocab_size, lengths)
         except BaseException:  # noqa: BLE001 - an error is not a hang; the parent sees it in normal use
             code = 1
         os._exit(code)
     status = _wait(pid, time.monotonic() + budget)
     if status is None:
-        raise too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
+        _REFUSED[key] = err = too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
                           "llguidance loops on some grammars, e.g. two adjacent terminals of one repeated character "
                           "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
+        while len(_REFUSED) > 256:
+            _REFUSED.pop(next(iter(_REFUSED)))
+        raise err
     if os.WIFSIGNALED(status):  # llguidance crashed on it: in this process it would take the server down
         raise ConstraintError(f"llguidance crashed on this grammar in a probe (signal {os.WTERMSIG(status)}); "
                               "simplify the grammar")
@@ -85,9 +105,18 @@ def _wait(pid: int, deadline: float) -> int | None:
             os.waitpid(pid, 0)
 
 
-def _walk(matcher: Any, vocab_size: int) -> None:
+def _lengths(token_bytes: Any) -> np.ndarray:
+    key = id(token_bytes)
+    if key not in _LENGTHS:
+        _LENGTHS.clear()  # one tokenizer's at a time is enough
+        _LENGTHS[key] = np.array([len(b) if b else 0 for b in token_bytes], dtype=np.int32)
+    return _LENGTHS[key]
+
+
+def _walk(matcher: Any, vocab_size: int, lengths: np.ndarray | None = None) -> None:
     rng = random.Random(0)
-    for _ in range(WALKS):
+    for walk in range(WALKS):
+        longest = lengths is not None and walk % 2 == 1
         m = matcher.deep_copy()
         for _ in range(STEPS):
             if m.is_stopped() or m.is_error():
@@ -97,4 +126,9 @@ def _walk(matcher: Any, vocab_size: int) -> None:
             allowed = np.flatnonzero(bits[:vocab_size])
             if not len(allowed):
                 break
+            if longest:
+                known = allowed[allowed < len(lengths)]
+                if len(known):
+                    size = lengths[known]
+                    allowed = known[size == size.max()]
             m.consume_token(int(allowed[rng.randrange(len(allowed))]))

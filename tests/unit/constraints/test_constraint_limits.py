@@ -207,7 +207,14 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
     monkeypatch.setattr(grammar_probe.os, "fork", fork)
     monkeypatch.setattr(grammar_probe.time, "sleep", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        make(tok, "grammar", 'start: A A\nA: /b+/')
+        make(tok, "grammar", 'start: A A\nA: /c+/')  # not one refused earlier in this process (remembered)
     (pid,) = children
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped: killed, not left running
+
+
+def test_the_probe_reaches_a_loop_behind_a_long_terminal_and_remembers_a_refusal(tok):
+    L.set_limits(time_s=1.0)
+    grammar = 'start: X A A\nX: /[a-z]{300}/\nA: /b+/'  # 48 random short tokens never got past X
+    refused(tok, "grammar", grammar, "time_s", within=5)
+    refused(tok, "grammar", grammar, "time_s", within=0.5)  # the second time at once
