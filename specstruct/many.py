@@ -9,6 +9,8 @@ from __future__ import annotations
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
+from .inputs import RawPrompt
+
 
 def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, *, progress: bool = True,
                   return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
@@ -17,7 +19,7 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
     raised and the prompts not yet started are skipped."""
     from tqdm.auto import tqdm
 
-    if isinstance(prompts, (str, dict)):
+    if isinstance(prompts, (str, dict, RawPrompt)):
         raise TypeError("generate_many takes a list of prompts; for one prompt call generate, or pass [prompt]")
     prompts = list(prompts)
     if not prompts:

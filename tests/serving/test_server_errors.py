@@ -271,6 +271,12 @@ def test_parameters_that_would_change_the_output_are_refused_or_honoured_never_i
     other = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     expect(post(http, {"tools": [tool, other]}), 400, param="tools")
     expect(post(http, {"tools": [tool], "guided_choice": ["a"]}), 400, param="guided_choice")
+    for name, value in (("continue_final_message", True), ("add_generation_prompt", False),
+                        ("chat_template_kwargs", {"enable_thinking": False})):  # vLLM's prompt rendering
+        expect(post(http, {name: value}), 400, param=name)
+    refusal = [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+               {"role": "user", "content": "ok"}]
+    assert post(http, {"messages": refusal}).status_code == 200  # the SDK's own type for a replayed refusal
 
 
 def test_without_max_tokens_a_long_prompt_gets_what_the_context_window_leaves():

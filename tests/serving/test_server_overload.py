@@ -57,3 +57,16 @@ def test_a_stream_the_engine_cannot_queue_is_a_429_and_the_gauges_show_it(one_sl
     metrics = http.get(root + "/metrics").text
     assert 'specstruct_requests_total{endpoint="chat",status="499"} 1.0' in metrics  # the stream left early
     assert "specstruct_batch_rows 0.0" in metrics and "specstruct_queue_length 0.0" in metrics
+
+
+def test_a_timeout_tells_the_openai_client_not_to_retry():
+    """The SDK retries 5xx twice by default: a request that ran past the server's timeout would run twice more."""
+    from server_fixtures import tiny_engine
+
+    from specstruct.serving.openai import ServerLimits
+
+    app = create_app(tiny_engine(), served_model_name=MODEL, limits=ServerLimits(request_timeout_s=0.05))
+    with running(app) as base, httpx.Client(base_url=base, timeout=60) as http:
+        body = {**BODY, "stream": False, "max_tokens": 200}
+        resp = http.post("/chat/completions", json=body)
+        assert resp.status_code == 504 and resp.headers["x-should-retry"] == "false"

@@ -36,6 +36,9 @@ def overloaded(retry_after_s: float, message: str | None = None) -> APIError:
                     type="rate_limit_error", code="overloaded", headers={"Retry-After": str(seconds)})
 
 
+NO_RETRY = {"x-should-retry": "false"}  # the openai SDK retries 5xx unless told not to (its own header)
+
+
 def from_exception(exc: BaseException, *, constraint_param: str | None = None, retry_after_s: float = 1,
                    prompt_param: str = "messages") -> APIError:
     """The APIError for an exception raised while preparing or running a request."""
@@ -54,6 +57,7 @@ def from_exception(exc: BaseException, *, constraint_param: str | None = None, r
     if isinstance(exc, ss_errors.EngineClosedError):  # retryable elsewhere: a replica that is going away
         return APIError(503, f"this server's engine is closed ({exc}); retry, another replica may serve it",
                         type="server_error", code="engine_unavailable")
-    if isinstance(exc, ss_errors.ValidationRetryError):
-        return APIError(500, f"the output failed validation: {exc}", type="server_error", code="validation_failed")
+    if isinstance(exc, ss_errors.ValidationRetryError):  # the same request fails the same way: not worth a retry
+        return APIError(500, f"the output failed validation: {exc}", type="server_error", code="validation_failed",
+                        headers=NO_RETRY)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")

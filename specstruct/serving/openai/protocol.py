@@ -140,7 +140,11 @@ _VLLM_NO_OPS = {"top_k": (None, 0, -1), "min_p": (None, 0, 0.0), "repetition_pen
                 "min_tokens": (None, 0), "ignore_eos": (None, False), "stop_token_ids": (None, []),
                 "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
                 "bad_words": (None, []), "allowed_token_ids": (None,), "prompt_logprobs": (None,),
-                "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0)}
+                "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
+                # how vLLM renders the prompt (assistant prefill, template overrides): this server uses the model's
+                # chat template as is, with a new assistant turn
+                "continue_final_message": (None, False), "add_generation_prompt": (None, True),
+                "chat_template": (None,), "chat_template_kwargs": (None, {})}
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from .errors import APIError, bad_request, from_exception
+from .errors import NO_RETRY, APIError, bad_request, from_exception
 from .limits import ServerLimits
 from .translate import EngineCall
 
@@ -93,7 +93,7 @@ async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: th
             except asyncio.TimeoutError:
                 raise APIError(504, f"the request ran past this server's timeout of {limits.request_timeout_s:g} s "
                                     "and was cancelled; ask for fewer tokens", type="timeout_error",
-                               code="timeout") from None
+                               code="timeout", headers=NO_RETRY) from None  # a retry would run it as long again
             yield chunk
     finally:
         cancel.set()

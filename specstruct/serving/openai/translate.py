@@ -55,6 +55,9 @@ def _text(content: Any, where: str) -> str:
     parts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "refusal" and where.startswith("messages") and isinstance(part.get("refusal"), str):
+            parts.append(part["refusal"])  # an assistant's refusal, replayed as the SDK types it: its text
+            continue
         if kind != "text":
             raise bad_request(f"{where}.content[{i}] is a {kind!r} part; this server reads text parts only",
                               f"{where}.content")
@@ -195,4 +198,5 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
                                                     guided=not req.structured_outputs)
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
                   top_p=req.top_p, seed=req.seed, stop=req.stop_list())
-    return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode)  # continued as written
+    return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode,  # continued as written
+                      fit_default=req.max_tokens is None)  # "max_tokens": null: what the window leaves
