@@ -20,6 +20,8 @@ def pydantic_schema(t: Any) -> tuple[dict, Any]:
     try:
         adapter = TypeAdapter(t_schema)
         schema = adapter.json_schema(by_alias=by_alias, schema_generator=_key_patterns())
+    except ConstraintError:
+        raise
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, ...
         raise ConstraintError(f"unsupported output type {safe_repr(t)}: Pydantic cannot describe it as JSON "
                               f"({safe_repr(e)}).") from e
@@ -103,8 +105,13 @@ def _key_names(keys: dict) -> dict | None:
     """The key names of a dict whose keys Pydantic parses from strings, or None (left as Pydantic writes it): keys
     with their own bounds or versions (`dict[PositiveInt, X]`, `dict[UUID4, X]`) are left to the validator."""
     kind = keys.get("type")
-    if kind == "literal" and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in keys["expected"]):
-        return {"enum": [str(v) for v in keys["expected"]]}
+    if kind == "literal":  # Pydantic never reads a JSON key as a non-string literal (1 from "1"): those never validate
+        names = [v for v in keys["expected"] if isinstance(v, str)]
+        if not names:
+            raise ConstraintError(f"dict keys of type Literal{keys['expected']!r}: Pydantic reads JSON keys as strings "
+                                  "and never as these values, so no non-empty dict validates; use string literals "
+                                  "or an IntEnum")
+        return {"enum": names}
     if kind == "enum" and keys.get("sub_type") in ("int", "float"):
         return {"enum": [str(m.value) for m in keys.get("members", [])]}
     if set(keys) - {"type", "metadata", "ref", "serialization"}:
@@ -116,6 +123,7 @@ def _key_names(keys: dict) -> dict | None:
 
 INT_KEY = r"^-?(0|[1-9][0-9]*)$"  # keys as JSON writes numbers: subsets of what Pydantic parses
 KEY_PATTERNS = {"int": INT_KEY, "float": r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$",
+                "decimal": r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$",
                 "uuid": r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
                 "date": r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"}
 
