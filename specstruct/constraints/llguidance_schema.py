@@ -26,7 +26,11 @@ def llguidance_source(schema: Any, from_pydantic: bool = True) -> Any:
            for k, v in schema.items() if not (from_pydantic and k == "uniqueItems" and isinstance(v, bool))}
     if from_pydantic and any(isinstance(out.get(b), (int, float)) for b in BOUNDS) and not _bounds_compile(out):
         for b in BOUNDS:  # beyond what llguidance builds (|x| ~ 1e18 and up, tiny non-zero): left to the validator
-            out.pop(b, None)
+            if b in out and not _bounds_compile({"type": out.get("type"), b: out[b]}):
+                out.pop(b)
+        if not _bounds_compile(out):  # each builds alone, not together
+            for b in BOUNDS:
+                out.pop(b, None)
     pattern = out.get("pattern")
     if isinstance(pattern, str):
         if pattern == DECIMAL_PATTERN:
