@@ -26,7 +26,7 @@ from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline, final_text
 from .inputs import RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
-from .tool_replies import reply_spec
+from .tool_replies import ToolReply, reply_spec
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]] | RawPrompt
@@ -108,8 +108,10 @@ class SpecStruct(AsyncCalls):
         finally:
             release_pool()  # building token tables ran OpenMP regions on this thread (a server's worker thread)
 
-    def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None) -> list[dict[str, Any]]:
-        """The chat messages a call sends: the prompt plus a system instruction naming the output's schema."""
+    def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None
+                 ) -> list[dict[str, Any]] | RawPrompt:
+        """The chat messages a call sends: the prompt plus a system instruction naming the output's schema (a
+        RawPrompt as it is)."""
         return self._messages(prompt, resolve(output_type), system)
 
     def prompt_ids(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
@@ -226,12 +228,17 @@ class SpecStruct(AsyncCalls):
             f"last error: {attempts[-1]['error']}", attempts)
 
     @overload
+    def generate(self, prompt: Prompt, output_type: None = None, *, tools: Sequence[dict], **kwargs: Any
+                 ) -> ToolReply: ...
+
+    @overload
     def generate(self, prompt: Prompt, output_type: None = None, **kwargs: Any) -> str: ...
 
     @overload
     def generate(self, prompt: Prompt, output_type: type[T], **kwargs: Any) -> T: ...
     def generate(self, prompt: Prompt, output_type: Any = None, **kwargs: Any) -> Any:
-        """The validated value: an instance of a Pydantic model, a dict for a JSON schema, a str for free text."""
+        """The validated value: an instance of a Pydantic model, a dict for a JSON schema, a str for free text, a
+        ToolReply with `tools=` and no output type."""
         return self.run(prompt, output_type, **kwargs).value
 
     def generate_many(self, prompts: Sequence[Prompt], output_type: Any = None, *, progress: bool = True,
