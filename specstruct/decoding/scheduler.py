@@ -27,6 +27,7 @@ from specstruct.errors import EngineClosedError, OverloadedError, SpecStructErro
 from .batch import BatchDecoder
 from .engine import Decode, Engine
 from .openmp import release_pool
+from .kv.memory import extra_headroom
 from .preempt import Preemption, held
 from .request import Request
 from .serial import SerialBatchDecoder
@@ -202,7 +203,8 @@ class Scheduler:
 
     def _held(self, req: Request) -> int:
         row = self._paused.get(req)
-        return len(req.prompt) if row is None else held(row)
+        return held(row) if row is not None else len(req.prompt) + extra_headroom(
+            req.config, getattr(req.constraint, "mode", None))  # counted as its row will be, from admission on
 
     def _fits(self, running: list[int], tokens: int) -> bool:
         return self.preemption is None or self.preemption.fits(running, tokens)

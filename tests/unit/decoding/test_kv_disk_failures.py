@@ -223,3 +223,15 @@ def test_a_row_with_a_large_cap_counts_its_own_headroom(target, close_draft):
     assert preemption.victims([small, row(SpecConfig())]) == []
     assert preemption.victims([small, large]) == [large]
     assert not preemption.fits([held(small)], held(large)) and preemption.fits([held(small)], held(small))
+
+
+def test_a_waiting_request_with_a_large_cap_is_admitted_with_its_own_headroom(tok, target):
+    """Admission counts a new request as its row will be counted once running (else: admitted, then paused)."""
+    from specstruct.decoding.request import Request
+
+    engine = ss.SpecStruct(target, tok)
+    try:
+        req = Request([1] * 50, SimpleNamespace(mode="text"), SpecConfig(max_candidates={"text": 64}), wake=lambda: None)
+        assert engine.scheduler._held(req) == 50 + 65 - DEFAULT_HEADROOM
+    finally:
+        engine.close()
