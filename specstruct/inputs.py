@@ -4,6 +4,7 @@ InvalidPromptError that names the item and the fix, never a tokenizer's TypeErro
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,29 @@ def check_prompt(prompt: Any) -> list[dict[str, Any]] | RawPrompt:
                                      "be a str")
         if content is not None:
             _check_text(content, f"message {i}")
-        messages.append(dict(m))
+        messages.append(_dict_arguments(dict(m), i))
     return messages
+
+
+def _dict_arguments(message: dict[str, Any], i: int) -> dict[str, Any]:
+    """OpenAI-shaped history holds a call's arguments as JSON text; chat templates write `arguments` with `tojson`,
+    so text would be rendered as an escaped string (and the model then imitates it): decoded to a dict here, as the
+    server does."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    fixed = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = json.loads(function["arguments"] or "{}")
+            except json.JSONDecodeError as e:
+                raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments is not valid JSON ({e})"
+                                         ) from None
+            call = {**call, "function": {**function, "arguments": arguments}}
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}
 
 
 def check_system(system: Any) -> None:

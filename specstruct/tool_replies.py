@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from .errors import InvalidParameterError
 from .output_types import Grammar, OutputSpec, resolve
 from .tool_schema import check_tools
-from .tools import parse_tool_calls, reply_text, tool_grammar
+from .tools import parse_tool_calls, reply_text, select_tools, tool_grammar
 
 
 @dataclass
@@ -40,10 +40,13 @@ def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, t
                                         "output type decides the reply; drop one of them")
         return resolve(output_type)
     tools = check_tools(tools, distinct=True)
-    grammar = Grammar(tool_grammar(tools, tool_choice, tokenizer), instruction="")  # the template describes them
+    grammar = Grammar(tool_grammar(tools, tool_choice, tokenizer), instruction="")
+    calls_allowed = select_tools(tools, tool_choice)[1] != "none"  # "none": text, even if it looks like a call  # the template describes them
     spec = resolve(grammar)
 
     def parse(text: str, token_ids: Sequence[int]) -> ToolReply:
+        if not calls_allowed:
+            return ToolReply(text, [])
         content, calls = parse_tool_calls(reply_text(tokenizer, text, token_ids, tools))
         return ToolReply(content, calls)
 

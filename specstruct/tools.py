@@ -34,7 +34,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"
 
 _CALL_RE = re.compile(re.escape(OPEN) + r"\s*(\{.*?\})\s*" + re.escape(CLOSE), re.DOTALL)
-_FENCED_RE = re.compile(r"\A\s*```json\s*(\{.*\})\s*```\s*\Z", re.DOTALL)
+# exactly the grammar's `fenced` branch: anything looser is free text the grammar never checked as a call
+_FENCED_RE = re.compile(rf"\A{re.escape(FENCE_OPEN)}(\{{.*\}}){re.escape(FENCE_CLOSE)}\n?\Z", re.DOTALL)
 # a call max_tokens cut short: its name once written, and whatever of its arguments came after
 _PARTIAL_RE = re.compile(re.escape(OPEN) + r'\s*\{"name":\s*"((?:[^"\\]|\\.)*)"(?:,\s*"arguments":\s*(.*)|.*)\Z',
                          re.DOTALL)
@@ -226,9 +227,9 @@ class ToolCallStreamer:
             head = self.buffer.lstrip()
             if head.startswith(OPEN):
                 self.mode = "tags"
-            elif head.startswith(FENCE_OPEN):
+            elif self.buffer.startswith(FENCE_OPEN):  # as the grammar's fenced call: at the very start
                 self.mode = "fenced"
-            elif OPEN.startswith(head) or FENCE_OPEN.startswith(head):
+            elif OPEN.startswith(head) or FENCE_OPEN.startswith(self.buffer):
                 return "", []  # could still become a call: wait
             else:
                 self.mode = "text"

@@ -84,3 +84,30 @@ def test_malformed_tools_are_named(tools, match):
         engine.run("hi", tools=tools)
     with pytest.raises(ss.InvalidParameterError, match="names no bound tool"):
         engine.run("hi", tools=[WEATHER], tool_choice="nope")
+
+
+def test_tool_choice_none_never_returns_calls_and_only_the_grammars_fence_is_a_call():
+    """Found with the real model: under "none" a fenced JSON block (free text there) came back as a call, even to
+    an unbound tool; a looser fence than the grammar's (leading space, no newlines) parsed as an unchecked call."""
+    from specstruct.tools import parse_tool_calls
+
+    fenced = '```json\n{"name": "delete_all", "arguments": {"force": true}}\n```'
+    reply = scripted_engine(fenced, max_new_tokens=60).generate("hi", tools=[WEATHER], tool_choice="none")
+    assert reply.tool_calls == [] and "delete_all" in reply.content
+    assert parse_tool_calls(fenced)[1]  # the grammar's own fenced branch is a call
+    for loose in (" " + fenced, '```json {"name": "get_weather", "arguments": {"town": 7}}```'):
+        assert parse_tool_calls(loose) == (loose, [])  # free text the grammar never checked as a call
+
+
+def test_history_arguments_as_json_text_render_like_dicts():
+    """OpenAI history carries arguments as JSON text; the template's tojson would write an escaped string."""
+    engine = scripted_engine("ok", max_new_tokens=5)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    as_dict = {**call, "function": {**call["function"], "arguments": {"city": "Paris"}}}
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
+    with_dict = [history[0], {**history[1], "tool_calls": [as_dict]}, history[2]]
+    assert engine.messages(history) == engine.messages(with_dict)
+    bad = [history[0], {**history[1], "tool_calls": [{**call, "function": {"name": "f", "arguments": "{"}}]}]
+    with pytest.raises(ss.InvalidPromptError, match=r"tool_calls\[0\].function.arguments is not valid JSON"):
+        engine.run(bad)

@@ -41,6 +41,7 @@ class _Request:
     run_kwargs: dict[str, Any]
     tools: list[dict[str, Any]] | None
     model_name: str
+    calls: bool = False  # the reply may hold calls to parse (tools bound, tool_choice not "none")
 
 
 class ChatSpecStruct(SpecStructParams, BaseChatModel):
@@ -145,7 +146,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if tools:
             run_kwargs["tools"] = tools
         return _Request(engine, to_chat_messages(messages), output_type, run_kwargs, tools or None,
-                        model or self._model_name(engine))
+                        model or self._model_name(engine),
+                        calls=bool(tools) and kwargs.get("tool_choice") not in ("none", False))  # "none": text only
 
     def _reply_text(self, req: _Request, result: Any) -> str:
         """The reply text; with tools, `<tool_call>` markers kept where decoding hides them (specstruct.tools)."""
@@ -179,7 +181,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if isinstance(err, ValidationRetryError):
             return ChatResult(generations=[ChatGeneration(message=self._failed_validation(req, err))])
         text = self._reply_text(req, result)
-        content, calls = parse_tool_calls(text) if req.tools else (text, [])
+        content, calls = parse_tool_calls(text) if req.calls else (text, [])
         message = AIMessage(content=content, tool_calls=calls, usage_metadata=usage_metadata(result.stats),
                             response_metadata=self._metadata(req, result, bool(calls)))
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -203,7 +205,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             raise err
         meta = {"model_name": req.model_name, "model_provider": "specstruct", "finish_reason": err.reason}
         usage = usage_metadata(err.stats) if err.stats is not None else None
-        content, calls, invalid = cut_reply(self._reply_text(req, err) if err.token_ids else err.text)
+        text = self._reply_text(req, err) if err.token_ids else err.text
+        content, calls, invalid = cut_reply(text) if req.calls else (text, [], [])
         return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid, response_metadata=meta,
                          usage_metadata=usage)
 
@@ -215,7 +218,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         req = self._request(messages, stop, kwargs)
-        streamer = ToolCallStreamer() if req.tools else None
+        streamer = ToolCallStreamer() if req.calls else None
         result, truncated, seen, rest = None, None, "", ""
         try:
             for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
