@@ -297,13 +297,3 @@ def test_stop_strings_apply_with_tools_bound():
     msg = model.invoke("x", stop=["there"])
     assert msg.content == "Hello " and msg.response_metadata["finish_reason"] == "stop"
     assert "".join(c.content for c in model.stream("x", stop=["there"])) == "Hello "
-
-
-def test_tool_choice_none_never_returns_calls_even_for_a_fenced_block():
-    from specstruct.testing import scripted_engine
-
-    fenced = '```json\n{"name": "Light", "arguments": {"on": true}}\n```'
-    model = ChatSpecStruct(engine=scripted_engine(fenced, max_new_tokens=60), max_tokens=60)
-    bound = model.bind_tools(TOOLS, tool_choice="none")
-    for msg in (bound.invoke(PROMPT), reduce(operator.add, bound.stream(PROMPT))):
-        assert msg.tool_calls == [] and "Light" in msg.content
