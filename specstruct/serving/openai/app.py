@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specstruct.errors import IncompleteOutputError
 
 from .assemble import Assembler
-from .errors import APIError, bad_request, from_exception
+from .errors import APIError, from_exception
 from .guard import Admission, authorize, parse, read_json
 from .limits import ServerLimits
 from .metrics import Metrics
