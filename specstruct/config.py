@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from specstruct.errors import InvalidParameterError
 
@@ -83,6 +83,16 @@ class SpecConfig(BaseModel):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
 
+    _given_caps: frozenset[str] | None = PrivateAttr(default=None)  # the modes max_candidates was given
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_caps(cls, data: Any, handler: Any) -> Any:
+        config = handler(data)  # validated, max_candidates lists every mode: which ones the caller set is kept
+        if isinstance(data, dict) and isinstance(data.get("max_candidates"), dict):
+            config._given_caps = frozenset(data["max_candidates"])
+        return config
+
     @field_validator("max_candidates", mode="before")
     @classmethod
     def _caps(cls, value: Any) -> Any:
@@ -113,8 +123,9 @@ class SpecConfig(BaseModel):
         values: not given). `max_candidates` merges per mode over this engine's caps, not the defaults."""
         if isinstance(config, SpecConfig):  # its defaults would reset the engine's own values
             given = {k: getattr(config, k) for k in config.model_fields_set}
-            if "max_candidates" in given:  # validated, it lists every mode: the modes it changed from the default
-                given["max_candidates"] = {m: v for m, v in given["max_candidates"].items() if v != DEFAULT_CAPS[m]}
+            if "max_candidates" in given:  # validated, it lists every mode: only the modes the caller gave
+                modes = config._given_caps or frozenset(given["max_candidates"])
+                given["max_candidates"] = {m: v for m, v in given["max_candidates"].items() if m in modes}
         elif isinstance(config, dict):
             given = {k: v for k, v in config.items() if v is not None}
         elif config is None:

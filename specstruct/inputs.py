@@ -83,6 +83,9 @@ def _dict_arguments(message: dict[str, Any], i: int) -> dict[str, Any]:
             except json.JSONDecodeError as e:
                 raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments is not valid JSON ({e})"
                                          ) from None
+            if not isinstance(arguments, dict):  # as the server answers: a call's arguments are one JSON object
+                raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments must encode a JSON "
+                                         f"object, got {function['arguments'][:60]!r}")
             call = {**call, "function": {**function, "arguments": arguments}}
         fixed.append(call)
     return {**message, "tool_calls": fixed}

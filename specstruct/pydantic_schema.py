@@ -36,8 +36,10 @@ def _check_aliases(t: Any) -> bool:
 
     by_alias = set()
     for model in _models(t):
-        by_alias.add((getattr(model, "model_config", None) or {}).get("validate_by_alias", True) is not False)
-        for name, f in (getattr(model, "model_fields", None) or {}).items():
+        fields = getattr(model, "model_fields", None) or {}
+        if any(f.alias not in (None, name) or f.validation_alias is not None for name, f in fields.items()):
+            by_alias.add((getattr(model, "model_config", None) or {}).get("validate_by_alias", True) is not False)
+        for name, f in fields.items():
             alias = f.validation_alias
             first = alias.choices[0] if isinstance(alias, AliasChoices) and alias.choices else alias
             if isinstance(first, AliasPath):
@@ -89,7 +91,7 @@ def _key_patterns() -> type:
 # RFC 3339 (llguidance's `date-time` and `time` formats) requires an offset, so every datetime came back
 # timezone-aware and NaiveDatetime never validated. As Pydantic reads them: an offset for AwareDatetime, none for
 # NaiveDatetime, either for datetime / time. Days follow the month (29 February in any year: the validator's).
-DATE = (r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+DATE = (r"(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
         r"|02-(?:0[1-9]|1[0-9]|2[0-9]))")
 TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
 OFFSET = r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
@@ -114,7 +116,7 @@ def _key_names(keys: dict) -> dict | None:
         return {"enum": names}
     if kind == "enum" and keys.get("sub_type") in ("int", "float"):
         return {"enum": [str(m.value) for m in keys.get("members", [])]}
-    if set(keys) - {"type", "metadata", "ref", "serialization"}:
+    if set(keys) - {"type", "metadata", "ref", "serialization", "strict"}:
         return None
     if kind == "bool":
         return {"enum": ["true", "false"]}

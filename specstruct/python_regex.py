@@ -9,7 +9,7 @@ from specstruct.errors import ConstraintError
 
 _FLAGS = {re.IGNORECASE: "i", re.DOTALL: "s", re.VERBOSE: "x"}
 # re.ASCII, as Unicode classes (Rust's `(?-u)` would also make `.` and negated classes match lone bytes)
-_ASCII = {"\\d": "0-9", "\\w": "0-9A-Za-z_", "\\s": "\\t\\n\\x0b\\x0c\\r "}
+_ASCII = {"\\d": "0-9", "\\w": "0-9A-Za-z_", "\\s": "\\t\\n\\x0b\\x0c\\r\\x20"}  # \\x20: (?x) skips a bare space
 _ASCII_NOT = {"\\D": "\\d", "\\W": "\\w", "\\S": "\\s"}
 
 

@@ -27,7 +27,9 @@ from specstruct.errors import ConstraintError
 
 WALKS, STEPS = 6, 256  # half the walks take the longest allowed token: deep into long terminals in few steps
 _PASSED: dict[tuple[str, str], None] = {}  # (tokenizer key, grammar source) -> probed; insertion-ordered, bounded
-_REFUSED: dict[tuple[str, str], Exception] = {}  # looping grammars: refused again at once, not after another wait
+# looping grammars -> (budget, when, message): refused again at once for a while (a load spike could have caused it)
+_REFUSED: dict[tuple[str, str], tuple[float, float, str]] = {}
+REMEMBER_S = 600.0
 _LENGTHS: dict[int, np.ndarray] = {}
 _TRUSTED: dict[str, None] = {}
 _LOCK = threading.Lock()
@@ -46,12 +48,13 @@ def trust(source: str) -> str:
 def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any = None) -> None:
     """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit.
     `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step."""
-    if key in _REFUSED:
-        raise _REFUSED[key]
+    refused = _REFUSED.get(key)
+    budget = min(limits().time_s, 10.0)
+    if refused is not None and refused[0] >= budget and time.monotonic() - refused[1] < REMEMBER_S:
+        raise ConstraintError(refused[2])  # looped within as long a budget, lately: at once, not after another wait
     if key in _PASSED or key[1] in _TRUSTED or not hasattr(os, "fork"):
         return
     lengths = None if token_bytes is None else _lengths(token_bytes)
-    budget = min(limits().time_s, 10.0)
     try:
         with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs
             warnings.simplefilter("ignore", DeprecationWarning)  # only llguidance and numpy, takes no lock, _exits
@@ -69,11 +72,13 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any 
         os._exit(code)
     status = _wait(pid, time.monotonic() + budget)
     if status is None:
-        _REFUSED[key] = err = too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
+        err = too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
                           "llguidance loops on some grammars, e.g. two adjacent terminals of one repeated character "
                           "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
-        while len(_REFUSED) > 256:
-            _REFUSED.pop(next(iter(_REFUSED)))
+        with _LOCK:
+            _REFUSED[key] = (budget, time.monotonic(), str(err))
+            while len(_REFUSED) > 256:
+                _REFUSED.pop(next(iter(_REFUSED)))
         raise err
     if os.WIFSIGNALED(status):  # llguidance crashed on it: in this process it would take the server down
         raise ConstraintError(f"llguidance crashed on this grammar in a probe (signal {os.WTERMSIG(status)}); "

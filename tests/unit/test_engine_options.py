@@ -140,3 +140,5 @@ def test_a_per_call_config_merges_caps_per_mode_and_an_explicit_none_clears():
     assert call.seed is None  # SpecConfig(seed=None): an unseeded call, as before per-call merging
     assert engine_config.for_call({"max_candidates": {"text": 2}}).max_candidates["json"] == 4
     assert engine_config.for_call({"seed": None}).seed == 5  # in a dict (or a keyword) None means "not given"
+    back = engine_config.for_call(ss.SpecConfig(max_candidates={"json": 8}))  # a mode set to its default, on purpose
+    assert back.max_candidates["json"] == 8 and back.max_candidates["code"] == 4

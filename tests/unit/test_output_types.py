@@ -264,6 +264,7 @@ def test_pydantic_datetimes_and_times_may_be_naive_and_dicts_keep_rfc3339(tok):
         out = resolve(output_type)
         c = compiled(tok, out)
         assert c.accepts(naive) and c.accepts(aware) and not c.accepts(wrong), output_type
+    assert not compiled(tok, resolve(datetime.datetime)).accepts('"0000-01-01T00:00:00"')  # year 0 never validates
     naive_only, aware_only = compiled(tok, resolve(pydantic.NaiveDatetime)), compiled(tok, resolve(pydantic.AwareDatetime))
     assert naive_only.accepts('"2024-01-31T12:30:00"') and not naive_only.accepts('"2024-01-31T12:30:00Z"')
     assert aware_only.accepts('"2024-01-31T12:30:00Z"') and not aware_only.accepts('"2024-01-31T12:30:00"')
@@ -312,7 +313,8 @@ def test_compiled_regex_flags_hold_while_decoding(tok):
     for pattern, yes, no in ((re.compile("abc", re.I), "ABC", "abd"), (re.compile(r"\d+", re.A), "12", "٣"),
                              (re.compile(r"a.b", re.S), "a\nb", "ab"), (re.compile("a[^x]b", re.A), "aéb", "axb"),
                              (re.compile("[ a]+  # a or space", re.X), "a a", "b"), (re.compile("[#a]+", re.X), "#a", "b"),
-                             (re.compile(r"[\w.]+\W", re.A), "ab.!", "ab.c")):
+                             (re.compile(r"[\w.]+\W", re.A), "ab.!", "ab.c"),
+                             (re.compile(r"a\sb [a-c\s]", re.A | re.X), "a bc", "abc")):
         assert bool(pattern.fullmatch(yes)) and not pattern.fullmatch(no)  # Python's own meaning
         c = compiled(tok, resolve(Regex(pattern)))
         assert c.accepts(yes) and not c.accepts(no), pattern
@@ -352,9 +354,24 @@ def test_aliases_are_checked_in_nested_models_too():
         model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
         n: str = Field(alias="N")
 
-    class Parent(BaseModel):
+    class Parent(BaseModel):  # no aliases of its own: keyed as its child validates
         child: ByName
 
+    assert list(resolve(Parent).json_schema["$defs"]["ByName"]["properties"]) == ["n"]
+
+    class AliasedParent(BaseModel):
+        child: ByName = Field(alias="Child")
+
     with pytest.raises(ConstraintError, match="disagree on validate_by_alias"):
-        resolve(Parent)
+        resolve(AliasedParent)
+
+    class Plain(BaseModel):  # no aliases: its keys are the same either way
+        m: int
+
+    class ByNameAround(BaseModel):
+        model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
+        n: str = Field(alias="N")
+        plain: Plain
+
+    assert list(resolve(ByNameAround).json_schema["properties"]) == ["n", "plain"]
     assert list(resolve(list[ByName]).json_schema["$defs"]["ByName"]["properties"]) == ["n"]  # by name, as validated

@@ -111,3 +111,6 @@ def test_history_arguments_as_json_text_render_like_dicts():
     bad = [history[0], {**history[1], "tool_calls": [{**call, "function": {"name": "f", "arguments": "{"}}]}]
     with pytest.raises(ss.InvalidPromptError, match=r"tool_calls\[0\].function.arguments is not valid JSON"):
         engine.run(bad)
+    bad = [history[0], {**history[1], "tool_calls": [{**call, "function": {"name": "f", "arguments": "[1]"}}]}]
+    with pytest.raises(ss.InvalidPromptError, match="must encode a JSON object"):
+        engine.run(bad)

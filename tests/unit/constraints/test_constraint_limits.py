@@ -218,3 +218,7 @@ def test_the_probe_reaches_a_loop_behind_a_long_terminal_and_remembers_a_refusal
     grammar = 'start: X A A\nX: /[a-z]{300}/\nA: /b+/'  # 48 random short tokens never got past X
     refused(tok, "grammar", grammar, "time_s", within=5)
     refused(tok, "grammar", grammar, "time_s", within=0.5)  # the second time at once
+    L.set_limits(time_s=2.0)
+    start = time.monotonic()
+    refused(tok, "grammar", grammar, "time_s", within=6)  # a larger budget probes again
+    assert time.monotonic() - start > 1.5

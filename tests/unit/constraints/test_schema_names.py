@@ -97,6 +97,9 @@ def test_key_types_with_their_own_bounds_are_left_to_pydantic_and_int_literals_a
     from specstruct.output_types import resolve
 
     assert "propertyNames" not in resolve(dict[PositiveInt, int]).json_schema  # "-1" would pass a pattern
+    from pydantic import StrictInt
+
+    assert "pattern" in resolve(dict[StrictInt, int]).json_schema["propertyNames"]  # strict is no bound
     with pytest.raises(ConstraintError, match=r"dict keys of type Literal\[1, 2\]: Pydantic reads JSON keys as strings"):
         resolve(dict[Literal[1, 2], int])  # Pydantic never validates "1" as the key 1: only {} would
     assert resolve(dict[Literal[1, "a"], int]).json_schema["propertyNames"] == {"enum": ["a"]}
