@@ -70,3 +70,40 @@ def test_a_timeout_tells_the_openai_client_not_to_retry():
         body = {**BODY, "stream": False, "max_tokens": 200}
         resp = http.post("/chat/completions", json=body)
         assert resp.status_code == 504 and resp.headers["x-should-retry"] == "false"
+
+
+def test_a_request_cut_by_server_shutdown_gets_a_503_in_openais_shape(monkeypatch):
+    """uvicorn cancels requests still running past its graceful timeout; the client got a plain-text 500."""
+    import threading
+
+    import uvicorn
+
+    import specstruct.decoding.batch as batch
+
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, model_name=MODEL)
+    step = batch.BatchDecoder.step
+
+    def slow(self):
+        time.sleep(0.05)
+        return step(self)
+
+    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, served_model_name=MODEL), host="127.0.0.1", port=0,
+                                           log_level="critical", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
+    got = []
+    body = {**BODY, "stream": False, "max_tokens": 400, "structured_outputs": {"regex": "[ab]{400}"}}
+    client = threading.Thread(target=lambda: got.append(httpx.post(base + "/chat/completions", json=body, timeout=60)))
+    client.start()
+    time.sleep(1.0)
+    server.should_exit = True
+    thread.join(30)
+    client.join(30)
+    engine.close()
+    (resp,) = got
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "shutting_down"

@@ -77,6 +77,10 @@ class _Server:
             err = from_exception(exc, retry_after_s=self.limits.retry_after_s)
             status = err.status
             return err.response()
+        except asyncio.CancelledError:  # the server shutting down (past its graceful timeout) cancels the request:
+            status = 503  # say so in OpenAI's shape, retryable elsewhere, rather than uvicorn's plain-text 500
+            return APIError(503, "this server is shutting down and cancelled the request; retry (another replica "
+                            "may serve it)", type="server_error", code="shutting_down").response()
         finally:
             if not streaming:
                 self._done(admitted, endpoint, status, started)
