@@ -166,3 +166,19 @@ def scripted_engine(text: str, tokenizer=None, **config):
     script = tokenizer.encode(text, add_special_tokens=False)
     engine.engine.target = ScriptedRuntime(script, engine.runtime.vocab_size, tokenizer.eos_token_id)
     return engine
+
+
+def slow_steps(monkeypatch, seconds: float) -> None:
+    """Make every batched decode step first sleep `seconds` (a long prefill, a big model) for the rest of a test:
+    requests stay in flight long enough to cancel, time out, overload or shut down, on any machine."""
+    from specstruct.decoding.batch import BatchDecoder
+
+    step = BatchDecoder.step
+
+    def slow(self):
+        import time
+
+        time.sleep(seconds)
+        return step(self)
+
+    monkeypatch.setattr(BatchDecoder, "step", slow)

@@ -78,17 +78,11 @@ def test_a_request_cut_by_server_shutdown_gets_a_503_in_openais_shape(monkeypatc
 
     import uvicorn
 
-    import specstruct.decoding.batch as batch
+    from specstruct.testing import slow_steps
 
     tok = tiny_tokenizer()
     engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, model_name=MODEL)
-    step = batch.BatchDecoder.step
-
-    def slow(self):
-        time.sleep(0.05)
-        return step(self)
-
-    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    slow_steps(monkeypatch, 0.05)
     server = uvicorn.Server(uvicorn.Config(create_app(engine, served_model_name=MODEL), host="127.0.0.1", port=0,
                                            log_level="critical", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -104,19 +104,10 @@ def test_a_per_call_specconfig_sets_only_its_own_keys_and_engine_keys_are_refuse
 
 
 def test_queue_time_ends_at_admission_not_after_the_prefill(monkeypatch):
-    import time
-
-    import specstruct.decoding.batch as batch
-    from specstruct.testing import scripted_engine
+    from specstruct.testing import scripted_engine, slow_steps
 
     engine = scripted_engine('{"a": 1}', max_new_tokens=10)
-    step = batch.BatchDecoder.step
-
-    def slow(self):
-        time.sleep(0.3)
-        return step(self)
-
-    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    slow_steps(monkeypatch, 0.3)
     stats = engine.run("x").stats
     assert stats.queue_s < 0.25 < stats.elapsed_s  # alone: no wait, however long its first pass
 

@@ -11,8 +11,7 @@ import time
 import pytest
 
 import specstruct as ss
-import specstruct.decoding.batch as batch
-from specstruct.testing import scripted_engine, tiny_model, tiny_tokenizer
+from specstruct.testing import scripted_engine, slow_steps, tiny_model, tiny_tokenizer
 
 JSON = '{"a": 1, "b": [true, false]}'
 
@@ -54,13 +53,7 @@ def warm_engine_with_slow_steps(monkeypatch, seconds: float, max_new_tokens: int
     engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok,
                            config=ss.SpecConfig(max_new_tokens=max_new_tokens), batch_config=batch_config or None)
     engine.run("warm", max_new_tokens=1)
-    step = batch.BatchDecoder.step
-
-    def slow(self):
-        time.sleep(seconds)
-        return step(self)
-
-    monkeypatch.setattr(batch.BatchDecoder, "step", slow)
+    slow_steps(monkeypatch, seconds)
     return engine
 
 
