@@ -67,6 +67,20 @@ def check_prompt(prompt: Any) -> list[dict[str, Any]] | RawPrompt:
     return messages
 
 
+def arguments_object(raw: Any) -> dict[str, Any]:
+    """A call's arguments as the dict chat templates want, from OpenAI's JSON text (a dict as is); ValueError saying
+    what is wrong (the caller names where). Shared with the server (serving/openai/translate.py)."""
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"is not valid JSON ({e})") from None
+    if not isinstance(value, dict):  # a call's arguments are one JSON object
+        raise ValueError(f"must encode a JSON object, got {str(raw)[:60]!r}")
+    return value
+
+
 def _dict_arguments(message: dict[str, Any], i: int) -> dict[str, Any]:
     """OpenAI-shaped history holds a call's arguments as JSON text; chat templates write `arguments` with `tojson`,
     so text would be rendered as an escaped string (and the model then imitates it): decoded to a dict here, as the
@@ -79,13 +93,9 @@ def _dict_arguments(message: dict[str, Any], i: int) -> dict[str, Any]:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:
-                arguments = json.loads(function["arguments"] or "{}")
-            except json.JSONDecodeError as e:
-                raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments is not valid JSON ({e})"
-                                         ) from None
-            if not isinstance(arguments, dict):  # as the server answers: a call's arguments are one JSON object
-                raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments must encode a JSON "
-                                         f"object, got {function['arguments'][:60]!r}")
+                arguments = arguments_object(function["arguments"])
+            except ValueError as e:
+                raise InvalidPromptError(f"message {i}: tool_calls[{j}].function.arguments {e}") from None
             call = {**call, "function": {**function, "arguments": arguments}}
         fixed.append(call)
     return {**message, "tool_calls": fixed}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import specstruct as ss
+from specstruct.inputs import arguments_object
 from specstruct import tools as tool_core
 from specstruct.errors import ConstraintError
 
@@ -69,16 +70,11 @@ def _text(content: Any, where: str) -> str:
 
 
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
-    """A call's arguments as the dict chat templates want (OpenAI sends a JSON string)."""
-    if isinstance(raw, dict):
-        return raw
+    """A call's arguments as the dict chat templates want (OpenAI sends a JSON string): inputs.arguments_object."""
     try:
-        value = json.loads(raw or "{}")
-    except (TypeError, json.JSONDecodeError) as e:
-        raise bad_request(f"{where}.function.arguments is not valid JSON ({e})", f"{where}.function.arguments")
-    if not isinstance(value, dict):
-        raise bad_request(f"{where}.function.arguments must encode a JSON object", f"{where}.function.arguments")
-    return value
+        return arguments_object(raw)
+    except ValueError as e:
+        raise bad_request(f"{where}.function.arguments {e}", f"{where}.function.arguments") from None
 
 
 def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
