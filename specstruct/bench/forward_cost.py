@@ -1,4 +1,5 @@
-"""Cost of one target pass over k new tokens, stock transformers numerics vs specstruct's row-invariant runtime.
+"""Cost of one target pass over k new tokens, stock transformers numerics vs specstruct's row-invariant runtime
+with each of its Linear kernels (the fixed-order one, the default, and oneDNN's).
 
     python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5] [--profile 1]
                                             [--prefill 380]
@@ -14,6 +15,7 @@ most time in a pass of K tokens, by input shape (which Linear is which): where t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -22,17 +24,22 @@ import torch
 from ..decoding.runtime import ModelRuntime, quantize_draft, restore_stock
 
 KS = (1, 2, 4, 8, 9)
+NUMERICS = {"stock": "stock", "row-invariant, oneDNN": "onednn", "row-invariant, fixed-order": "fixed", "int8": "fixed"}
 
 
 def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
             profile: list | None = None) -> dict[int, float]:
     """Median seconds of extend(k) after a `cache_len`-token prefill, for each k. With `profile` (a list), the
     ops of `repeats` passes of the last k are appended to it as (op, input shapes, ms per pass)."""
-    if numerics == "stock":
-        restore_stock(model)
-    elif numerics == "int8":
-        model = quantize_draft(model)
-    rt = ModelRuntime(model, row_invariant=(numerics != "stock"))
+    restore_stock(model)
+    kernel = os.environ.get("SPECSTRUCT_LINEAR")
+    os.environ["SPECSTRUCT_LINEAR"] = NUMERICS[numerics]  # read when the runtime packs the weights
+    try:
+        if numerics == "int8":
+            model = quantize_draft(model)
+        rt = ModelRuntime(model, row_invariant=(numerics != "stock"))
+    finally:
+        os.environ.pop("SPECSTRUCT_LINEAR") if kernel is None else os.environ.update(SPECSTRUCT_LINEAR=kernel)
     vocab = rt.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, min(vocab, 50_000), (cache_len,), generator=gen).tolist()
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
             base = cost["stock one block"]
             console.print(f"cold prefill of {args.prefill} tokens, {name} (median s): " + "; ".join(
                 f"{how} {t:.2f} ({t / base:.2f}x)" for how, t in cost.items()))
-        for numerics in ("stock", "row-invariant") + (("int8",) if i else ()):  # int8: draft models only
+        for numerics in list(NUMERICS)[: 3 + bool(i)]:  # int8: draft models only
             rows: list | None = [] if args.profile else None
             t = measure(model, numerics, repeats=args.repeats, ks=ks, profile=rows)
             one_token[(name, numerics)] = t[1]
@@ -156,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         print_profile(console, title, rows)
     console.print(table)
     if len(names) >= 2:
-        t1 = one_token[(names[0], "row-invariant")]
-        for numerics in ("row-invariant", "int8"):
+        t1 = one_token[(names[0], "row-invariant, fixed-order")]
+        for numerics in ("row-invariant, fixed-order", "int8"):
             console.print(f"draft/target one-token cost ratio c = {one_token[(names[1], numerics)] / t1:.2f} "
-                          f"({names[1]} {numerics} / {names[0]} row-invariant float32)")
+                          f"({names[1]} {numerics} / {names[0]} row-invariant, fixed-order, float32)")
 
 
 if __name__ == "__main__":

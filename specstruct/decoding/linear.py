@@ -63,35 +63,35 @@ class PackedWeight(torch.nn.Parameter):
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PackedWeight":
         """New values (load_state_dict calls this), packed again."""
-        self.data = _reorder(src.to_dense() if src.is_mkldnn else src.to(torch.float32))
+        self.data = _reorder(src.to_dense() if isinstance(src, PackedWeight) or src.is_mkldnn else src.to(torch.float32))
         return self
 
     def to(self, *args, **kwargs):
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         if (device is None or device.type == "cpu") and dtype in (None, torch.float32):
             return self
-        raise PackedWeightError(f"a Linear weight prepacked for oneDNN cannot be moved to {device or dtype}; {_FIX}")
+        raise PackedWeightError(f"a prepacked Linear weight cannot be moved to {device or dtype}; {_FIX}")
 
     def _refuse(self, *args, **kwargs):
-        raise PackedWeightError(f"a Linear weight prepacked for oneDNN is float32 on the CPU only; {_FIX}")
+        raise PackedWeightError(f"a prepacked Linear weight is float32 on the CPU only; {_FIX}")
 
     half = bfloat16 = double = cuda = _refuse
 
 
-def _dense_state_dict(module, state_dict, prefix, local_metadata) -> None:
+def dense_state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
     """state_dict post-hook of a packed Linear: the plain weight, as a checkpoint expects."""
     key = prefix + "weight"
-    if isinstance(state_dict.get(key), torch.Tensor) and state_dict[key].is_mkldnn:
-        state_dict[key] = state_dict[key].to_dense()
+    if isinstance(module.weight, PackedWeight) and isinstance(state_dict.get(key), torch.Tensor):
+        state_dict[key] = module.weight.to_dense()
 
 
-def _shared_weights(model: torch.nn.Module) -> set[int]:
+def shared_weights(model: torch.nn.Module) -> set[int]:
     """ids of parameters registered more than once, or whose storage another parameter also uses."""
     seen: dict[int, int] = {}
     owners: dict[int, set[int]] = {}
     for mod in model.modules():
         for p in mod._parameters.values():
-            if p is None or p.is_mkldnn:
+            if p is None or isinstance(p, PackedWeight):
                 continue
             seen[id(p)] = seen.get(id(p), 0) + 1
             owners.setdefault(p.untyped_storage().data_ptr(), set()).add(id(p))
@@ -106,7 +106,7 @@ def pack_linears(model: torch.nn.Module) -> str:
     """Prepack every unshared nn.Linear weight in place (idempotent); a few words for the numerics string.
     Where this torch cannot prepack, the weights stay plain (the results are the same, only slower)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    shared, packed, mapped = _shared_weights(model), 0, file_ranges()
+    shared, packed, mapped = shared_weights(model), 0, file_ranges()
     for mod in linears:
         w = mod.weight
         if isinstance(w, PackedWeight):
@@ -120,7 +120,7 @@ def pack_linears(model: torch.nn.Module) -> str:
             return f"{packed} of {len(linears)} weights prepacked (prepacking failed: {type(e).__name__})"
         mod._specstruct_weight_grad = w.requires_grad
         mod.weight = PackedWeight(data, requires_grad=False)
-        mod.register_state_dict_post_hook(_dense_state_dict)
+        mod.register_state_dict_post_hook(dense_state_dict_hook)
         if mapped:
             page_out(w, mapped)  # its file pages were read once for packing: give them back now, not at the end
         packed += 1
@@ -134,5 +134,5 @@ def unpack_linears(model: torch.nn.Module) -> None:
             grad = mod.__dict__.pop("_specstruct_weight_grad", False)
             mod.weight = torch.nn.Parameter(mod.weight.to_dense(), requires_grad=grad)
             for key, hook in list(mod._state_dict_hooks.items()):
-                if hook is _dense_state_dict:
+                if hook is dense_state_dict_hook:
                     del mod._state_dict_hooks[key]

@@ -3,17 +3,17 @@
 On CPU in float32 the model is switched to *row-invariant* numerics, which is what makes speculative
 decoding both fast and lossless there:
 
-- Linear layers run through oneDNN (`torch.ops.mkldnn._linear_pointwise`, linear.py) with at least two rows.
-  oneDNN's 1-row path sums in another order, so a lone row is padded with a copy of itself. Measured on the
-  2-core AVX2 machines: every row's result is bitwise identical whether it is computed alone or among 2..300
-  rows, while stock `F.linear` and `(W @ x.T).T` change a row's last bits with the batch size. Verifying 8
-  tokens of Qwen2.5-Coder-1.5B costs 1.43x one token against stock transformers' 1.96x
-  (`python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
-- Their weights are prepacked once into oneDNN's own layout (linear.pack_linears), replacing the plain ones
-  (no second copy), instead of the kernel taking the plain layout on every call: bitwise the same results, a
-  pass of 1-2 tokens of the 1.5B target ~1.1x cheaper (k >= 4: within noise; docs/benchmarks.md). Weights
-  tied to the embeddings stay plain. restore_stock unpacks; deepcopy, state_dict / save_pretrained and
-  load_state_dict work on a packed model (linear.PackedWeight).
+- Linear layers run through specstruct's fixed-order kernel (fixed_linear.py, csrc/fixed_linear.cpp): every
+  output is summed in an order fixed by the input size alone, so a row's result is bitwise the same whether it
+  is computed alone or among any other rows, while stock `F.linear` changes a row's last bits with the batch
+  size. Its weights are packed once into its panels, on huge pages, replacing the plain ones (no second copy).
+  On Qwen2.5-Coder-1.5B it costs about what stock transformers' one-token step does and verifies 8 tokens for
+  1.2x one (stock: 2.8x; `python -m specstruct.bench.forward_cost`, table in docs/benchmarks.md).
+- Where that kernel cannot be built (no C++ compiler), or with SPECSTRUCT_LINEAR=onednn, oneDNN computes them
+  instead (`torch.ops.mkldnn._linear_pointwise`, linear.py): row-invariant from two rows up, so a lone row is
+  padded with a copy of itself, on weights prepacked into oneDNN's layout; ~1.3x stock's one-token step.
+  Weights tied to the embeddings stay plain (and go through oneDNN). restore_stock unpacks; deepcopy,
+  state_dict / save_pretrained and load_state_dict work on a packed model (linear.PackedWeight).
 - Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
   token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
   same pass -- share the pass, nor on how a prompt is chunked.
@@ -35,6 +35,7 @@ import torch
 
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
+from . import fixed_linear
 from .linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from .load_memory import file_ranges, own_mapped_tensors, page_out
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
@@ -84,14 +85,17 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
         model._specstruct_numerics = desc
         return desc
+    fixed = fixed_linear.kernel() is not None
+    forward = fixed_linear.fixed_linear_forward if fixed else onednn_linear_forward
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            mod.forward = types.MethodType(onednn_linear_forward, mod)
-    weights = pack_linears(model)
+            mod.forward = types.MethodType(forward, mod)
+    weights = fixed_linear.pack_panels(model) if fixed else pack_linears(model)
     if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
     use_packed_attention(model)
-    model._specstruct_numerics = f"float32, row-invariant (oneDNN linear >=2 rows, {weights}; row-wise attention)"
+    linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
+    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention)"
     return model._specstruct_numerics
 
 

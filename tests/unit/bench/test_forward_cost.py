@@ -8,8 +8,11 @@ from specstruct.testing import tiny_model, tiny_tokenizer
 
 def test_measure_times_each_k_and_profiles_the_last():
     model = tiny_model(tiny_tokenizer(), seed=0)
+    fixed = measure(model, "row-invariant, fixed-order", cache_len=8, repeats=1, ks=(1, 2))
+    assert set(fixed) == {1, 2} and "fixed-order" in model._specstruct_numerics
     rows: list = []
-    times = measure(model, "row-invariant", cache_len=8, repeats=1, ks=(1, 2, 4), profile=rows)
+    times = measure(model, "row-invariant, oneDNN", cache_len=8, repeats=1, ks=(1, 2, 4), profile=rows)
+    assert "oneDNN" in model._specstruct_numerics
     assert set(times) == {1, 2, 4} and all(t > 0 for t in times.values())
     linear = [r for r in rows if r[0] == "mkldnn::_linear_pointwise"]
     assert linear and all(ms >= 0 for _, _, ms in rows)

@@ -10,3 +10,15 @@ def engines():
     yield made
     for e in made:
         e.close()
+
+
+@pytest.fixture(params=["fixed", "onednn"])
+def linear_kernel(request, monkeypatch):
+    """Each row-invariant Linear kernel in turn (SPECSTRUCT_LINEAR): the fixed-order one, and oneDNN's."""
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", request.param)
+    if request.param == "fixed":
+        from specstruct.decoding import fixed_linear
+
+        if fixed_linear.kernel() is None:
+            pytest.skip(fixed_linear.why_not())
+    return request.param

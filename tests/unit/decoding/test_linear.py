@@ -1,5 +1,6 @@
-"""Linear weights prepacked into oneDNN's layout (decoding/linear.py): same results, bitwise, as the plain
-weights; still row-invariant; undone by restore_stock; and the usual things users do with a model still work."""
+"""Linear weights prepacked, for oneDNN (decoding/linear.py) or for the fixed-order kernel (fixed_linear.py):
+the plain weights' values, bitwise; row-invariant; undone by restore_stock; and the usual things users do with a
+model still work. Tests taking `linear_kernel` run once per kernel."""
 
 import copy
 import io
@@ -43,16 +44,18 @@ def test_packed_weight_gives_the_plain_results_bitwise_for_any_row_count(bias):
         assert torch.equal(onednn_linear_forward(lin, rows[:n]), plain.reshape(-1, 40)[:n])
 
 
-def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes_it(tok):
+def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes_it(tok, linear_kernel):
     model = tiny_model(tok, seed=5)
     before = _weights(model)
     ids = tok.encode(TEXT, add_special_tokens=False)
     rt = ModelRuntime(model)
-    assert "15 of 15 weights prepacked" in rt.numerics
+    packed_words = "15 of 15 weights packed" if linear_kernel == "fixed" else "15 of 15 weights prepacked"
+    assert packed_words in rt.numerics and ("fixed-order" in rt.numerics) == (linear_kernel == "fixed")
     assert len(_packed(model)) == 15
     packed = _decode(model, ids)
-    unpack_linears(model)  # the same oneDNN kernel on the plain weights
-    assert not _packed(model) and torch.equal(_decode(model, ids), packed)
+    if linear_kernel == "onednn":
+        unpack_linears(model)  # the same oneDNN kernel on the plain weights
+        assert not _packed(model) and torch.equal(_decode(model, ids), packed)
     make_row_invariant(model)
     restore_stock(model)
     assert not _packed(model) and "_specstruct_numerics" not in model.__dict__
@@ -60,11 +63,11 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
     assert all(torch.equal(after[k], v) and type(after[k]) is torch.Tensor for k, v in before.items())
     assert all(p.requires_grad for p in model.parameters())
     assert all(not m._state_dict_hooks for m in model.modules())
-    assert "15 of 15 weights prepacked" in make_row_invariant(model)  # and again
+    assert packed_words in make_row_invariant(model)  # and again
     assert torch.equal(_decode(model, ids), packed)
 
 
-def test_weights_tied_to_the_embeddings_stay_plain(tok):
+def test_weights_tied_to_the_embeddings_stay_plain(tok, linear_kernel):
     model = tiny_model(tok, seed=6)
     model.lm_head.weight = model.model.embed_tokens.weight
     ModelRuntime(model)
@@ -73,6 +76,7 @@ def test_weights_tied_to_the_embeddings_stay_plain(tok):
 
 
 def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "onednn")
     def refuse(weight):
         raise RuntimeError("no oneDNN reorder in this build")
 
@@ -83,7 +87,7 @@ def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
     assert not _packed(model) and rt.prefill([1, 2, 3]).shape == (rt.vocab_size,)
 
 
-def test_quantize_draft_of_a_prepacked_model(tok):
+def test_quantize_draft_of_a_prepacked_model(tok, linear_kernel):
     model = tiny_model(tok, seed=8)
     plain_q = quantize_draft(copy.deepcopy(model))
     ModelRuntime(model)
@@ -93,7 +97,7 @@ def test_quantize_draft_of_a_prepacked_model(tok):
     assert torch.equal(_decode(q, ids), _decode(plain_q, ids))
 
 
-def test_what_users_do_with_their_model_works_on_a_prepacked_one(tok, tmp_path):
+def test_what_users_do_with_their_model_works_on_a_prepacked_one(tok, tmp_path, linear_kernel):
     model = tiny_model(tok, seed=9)
     before, fingerprint = _weights(model), weights_fingerprint(model)
     ids = tok.encode(TEXT, add_special_tokens=False)

@@ -1,0 +1,140 @@
+// A Linear kernel whose result for a row never depends on the other rows: y = x W^T (+ b), float32, CPU.
+//
+// The weight is packed once into panels of NB output columns, [P][K][NB] (fixed_linear.py pack_weight). For
+// each output y[m][n] the kernel adds x[m][k] * W[n][k] in increasing k, one fused multiply-add at a time,
+// into a fresh sum per block of KC inputs, and adds the block sums to y in increasing k. That order depends
+// on K alone: not on how many rows are in the call, a row's place among them, the panel split between
+// threads or the CPU's vector width, so a row computed alone is bitwise the same row computed among any
+// others (what speculative verification and batching need), with no padding row.
+//
+// Speed: the rows of a call are taken MB at a time against one panel (each weight value loaded once per MB
+// rows, MB x 4 accumulators held in registers, the panel prefetched 16 rows ahead into L2), so one row streams
+// the weights like a GEMV and 2-9 rows cost little more; the rows of a long call (a prefill) go through the
+// panel one KC-input slice at a time, so that slice stays in cache; panels are split between torch's OpenMP
+// threads (at::parallel_for, on torch's own libgomp).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+typedef __m512 vec;
+constexpr int VW = 16;  // floats per vector register
+constexpr int MB = 6;   // rows per block: MB x 4 accumulators + 4 weights fit in 32 registers
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec vset1(float a) { return _mm512_set1_ps(a); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+typedef __m256 vec;
+constexpr int VW = 8;
+constexpr int MB = 3;   // 12 accumulators + 4 weights in 16 registers
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec vset1(float a) { return _mm256_set1_ps(a); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+#else  // portable, slow: one float per "vector", the same fused multiply-adds in the same order
+typedef float vec;
+constexpr int VW = 1;
+constexpr int MB = 2;
+static inline vec vzero() { return 0.f; }
+static inline vec vload(const float* p) { return *p; }
+static inline vec vset1(float a) { return a; }
+static inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+static inline void vstore(float* p, vec a) { *p = a; }
+#endif
+constexpr int NV = 4;             // vectors per panel
+constexpr int NB = NV * VW;       // output columns per panel
+constexpr int64_t KC = 256;       // inputs per block sum
+constexpr int64_t PREFETCH = 16;  // panel rows (k) ahead, into L2
+
+// Rows [0, R) of x against one panel, inputs [k0, k1): one block sum per output, added to y (stored at k0 = 0).
+template <int R>
+static inline void block(const float* __restrict x, int64_t K, int64_t k0, int64_t k1, const float* __restrict w,
+                         float* __restrict y, int64_t ldy, int64_t ncols) {
+  vec acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* wk = w + k * NB;
+    for (int line = 0; line < NB; line += 16) __builtin_prefetch(wk + PREFETCH * NB + line, 0, 2);
+    const vec w0 = vload(wk), w1 = vload(wk + VW), w2 = vload(wk + 2 * VW), w3 = vload(wk + 3 * VW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vec xb = vset1(x[r * K + k]);
+      acc[r][0] = vfma(xb, w0, acc[r][0]);
+      acc[r][1] = vfma(xb, w1, acc[r][1]);
+      acc[r][2] = vfma(xb, w2, acc[r][2]);
+      acc[r][3] = vfma(xb, w3, acc[r][3]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float sum[NB];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) vstore(sum + v * VW, acc[r][v]);
+    float* yr = y + r * ldy;
+    if (k0 == 0)
+      for (int64_t j = 0; j < ncols; ++j) yr[j] = sum[j];
+    else
+      for (int64_t j = 0; j < ncols; ++j) yr[j] += sum[j];
+  }
+}
+
+// The last rows of a call (fewer than MB): the block of exactly that many.
+template <int R>
+static inline void tail(int64_t left, const float* x, int64_t K, int64_t k0, int64_t k1, const float* w, float* y,
+                        int64_t ldy, int64_t ncols) {
+  if constexpr (R > 0) {
+    if (left == R) block<R>(x, K, k0, k1, w, y, ldy, ncols);
+    else tail<R - 1>(left, x, K, k0, k1, w, y, ldy, ncols);
+  }
+}
+
+// Every row against one panel, one block of inputs at a time (that slice of the panel stays in cache while all
+// the rows use it; the order of the sums is the same whatever the loop nesting).
+static void panel(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t ncols) {
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t k1 = std::min(K, k0 + KC);
+    int64_t m = 0;
+    for (; m + MB <= M; m += MB) block<MB>(x + m * K, K, k0, k1, w, y + m * N, N, ncols);
+    tail<MB - 1>(M - m, x + m * K, K, k0, k1, w, y + m * N, N, ncols);
+  }
+}
+
+torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t N,
+                     const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && !x_in.is_cuda(), "x: 2-D float32 on the CPU");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == NB && packed.is_contiguous(), "packed weight: [P, K, ", NB, "]");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K && P * NB >= N && (P - 1) * NB < N, "packed weight does not match x or N");
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const float* xd = x.data_ptr<float>();
+  const float* wd = packed.data_ptr<float>();
+  float* yd = y.data_ptr<float>();
+  if (K == 0) {
+    y.zero_();
+  } else {
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        panel(xd, M, K, wd + p * K * NB, yd + p * NB, N, std::min<int64_t>(NB, N - p * NB));
+    });
+  }
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "y = x W^T (+ b) on a packed weight, each row's result independent of the others");
+  m.attr("panel_width") = NB;
+}

@@ -1,0 +1,159 @@
+"""Row-invariant Linear layers on CPU with specstruct's own fixed-order kernel (csrc/fixed_linear.cpp).
+
+oneDNN (linear.py) is row-invariant only from two rows up, so a lone row pays for a padding copy, and its
+small-batch kernel is slower than MKL's one-row GEMV: the one-token step cost ~1.3x stock transformers'
+(docs/benchmarks.md). This kernel sums every output in an order fixed by the input size alone, so one row is
+computed as it would be among any others with no padding, and it streams the weights once per call like a
+GEMV, so 1-9 rows cost about what one does.
+
+It is C++ built once per machine (torch.utils.cpp_extension: a C++ compiler and ninja; -march=native, so the
+build is keyed by the CPU's flags) into torch's extension cache. Where it cannot be built, or with
+SPECSTRUCT_LINEAR=onednn, the runtime uses oneDNN instead (`kernel()` says why); the numerics string names the
+kernel in use. A model's Linear weights are packed once into the kernel's panels ([P, K, NB]: NB output
+columns per panel, zero-padded), replacing the plain ones (`PanelWeight`, which keeps the plain shape and
+everything linear.PackedWeight provides: deepcopy, state_dict, load_state_dict, restore_stock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from .linear import PackedWeight, dense_state_dict_hook, onednn_linear_forward, shared_weights
+from .load_memory import empty_on_huge_pages, file_ranges, page_out
+
+log = logging.getLogger(__name__)
+KERNELS = ("fixed", "onednn")
+_SOURCE = Path(__file__).parent / "csrc" / "fixed_linear.cpp"
+_EXT: object | None = None
+_BUILD_ERROR: str | None = None
+
+
+def requested_kernel() -> str:
+    """env SPECSTRUCT_LINEAR: "fixed" (default) or "onednn"."""
+    name = os.environ.get("SPECSTRUCT_LINEAR", "fixed").strip().lower() or "fixed"
+    if name not in KERNELS:
+        raise ValueError(f"SPECSTRUCT_LINEAR={name!r} is not a linear kernel; use one of {KERNELS}")
+    return name
+
+
+def _cpu_key() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = platform.processor()
+    text = "|".join([flags, torch.__version__, _SOURCE.read_text()])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def kernel():
+    """The built extension, or None (then `why_not()` says why). Built on first use, then loaded from cache."""
+    global _EXT, _BUILD_ERROR
+    if requested_kernel() == "onednn":
+        return None
+    if _EXT is None and _BUILD_ERROR is None:
+        try:
+            from torch.utils import cpp_extension
+
+            log.info("specstruct: building the fixed-order linear kernel (once per machine, about 30 s)")
+            _EXT = cpp_extension.load(
+                name=f"specstruct_fixed_linear_{_cpu_key()}", sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as e:  # no compiler or ninja, a failed build: oneDNN still gives row invariance
+            _BUILD_ERROR = f"the fixed-order kernel could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
+            log.warning("specstruct: %s; using oneDNN's linear instead", _BUILD_ERROR)
+    return _EXT
+
+
+def why_not() -> str | None:
+    """Why `kernel()` is None: the environment asked for oneDNN, or the build failed."""
+    if requested_kernel() == "onednn":
+        return "SPECSTRUCT_LINEAR=onednn"
+    return _BUILD_ERROR
+
+
+class PanelWeight(PackedWeight):
+    """A Linear weight packed into the fixed-order kernel's panels. `shape` and `size()` are the plain weight's
+    (what code reading a Linear's shape expects); `.data` is the [P, K, NB] panel tensor; `to_dense()` gives
+    the plain weight back, bitwise."""
+
+    @staticmethod
+    def pack(weight: torch.Tensor) -> "PanelWeight":
+        out = PanelWeight(pack_weight(weight), requires_grad=False)
+        out.out_features = weight.shape[0]
+        return out
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.data.shape[1]))
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def to_dense(self) -> torch.Tensor:
+        p, k, nb = self.data.shape
+        return self.data.permute(0, 2, 1).reshape(p * nb, k)[: self.out_features].contiguous()
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = PanelWeight.pack(self.to_dense())
+        return memo[id(self)]
+
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PanelWeight":
+        plain = src.to_dense() if isinstance(src, PackedWeight) or src.is_mkldnn else src
+        self.data = pack_weight(plain.to(torch.float32))
+        self.out_features = plain.shape[0]
+        return self
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [P, K, NB] panels (columns past N are zeros), on huge pages where the OS gives them."""
+    nb = _EXT.panel_width
+    w = weight.detach().to(torch.float32)
+    n, k = w.shape
+    panels = -(-n // nb)
+    if panels * nb != n:
+        w = torch.cat([w, w.new_zeros(panels * nb - n, k)])
+    out = empty_on_huge_pages((panels, k, nb))
+    return out.copy_(w.reshape(panels, nb, k).transpose(1, 2))
+
+
+def fixed_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    # x: [..., in] -> rows [n, in]; y: [n, out] -> [..., out]
+    weight, bias = self.weight, self.bias
+    if not isinstance(weight, PanelWeight):  # a weight shared with another parameter (tied embeddings) stays plain
+        return onednn_linear_forward(self, x)
+    rows = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled():  # the kernel has no autograd formula: no gradient ever flows through it
+        rows, bias = rows.detach(), None if bias is None else bias.detach()
+    y = _EXT.linear(rows, weight.data, weight.out_features, bias)  # built: the weight was packed for it
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def pack_panels(model: torch.nn.Module) -> str:
+    """Pack every unshared float32 CPU nn.Linear weight in place (idempotent); a few words for the numerics
+    string. A shared weight (an LM head tied to the embeddings) stays plain: oneDNN computes that layer."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shared, packed, mapped = shared_weights(model), 0, file_ranges()
+    for mod in linears:
+        w = mod.weight
+        if isinstance(w, PanelWeight):
+            packed += 1
+            continue
+        if id(w) in shared or w.dtype != torch.float32 or w.device.type != "cpu" or isinstance(w, PackedWeight):
+            continue
+        mod._specstruct_weight_grad = w.requires_grad
+        mod.weight = PanelWeight.pack(w)
+        mod.register_state_dict_post_hook(dense_state_dict_hook)
+        if mapped:
+            page_out(w, mapped)  # its file pages were read once for packing: give them back now
+        packed += 1
+    return f"{packed} of {len(linears)} weights packed"

@@ -1,0 +1,75 @@
+"""The fixed-order Linear kernel (decoding/fixed_linear.py, csrc/fixed_linear.cpp): a row's result is bitwise the
+same alone or among any other rows, at any place; as accurate as stock F.linear; and where it cannot be built the
+runtime says so and uses oneDNN."""
+
+import pytest
+import torch
+
+from specstruct.decoding import fixed_linear
+from specstruct.decoding.fixed_linear import PanelWeight, fixed_linear_forward
+from specstruct.decoding.runtime import ModelRuntime
+from specstruct.testing import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _built(monkeypatch):
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    if fixed_linear.kernel() is None:
+        pytest.skip(fixed_linear.why_not())
+
+
+# (in, out): tails of the 16-wide vectors and the 64-column panels, one and several 256-input block sums
+SHAPES = [(40, 72), (33, 100), (1, 5), (300, 64), (515, 129)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_row_is_the_same_bits_alone_or_among_any_rows(shape, bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(*shape, bias=bias)
+    plain = lin.weight.detach().clone()
+    lin.weight = PanelWeight.pack(lin.weight)
+    x = torch.randn(23, shape[0])
+    with torch.no_grad():
+        every = fixed_linear_forward(lin, x)
+        for n in range(1, 24):
+            assert torch.equal(fixed_linear_forward(lin, x[:n]), every[:n])  # among the first n
+            assert torch.equal(fixed_linear_forward(lin, x[n - 1 : n]), every[n - 1 : n])  # alone
+        shuffled = torch.randperm(23)
+        assert torch.equal(fixed_linear_forward(lin, x[shuffled]), every[shuffled])  # at another place
+        assert torch.equal(fixed_linear_forward(lin, x.reshape(23, 1, -1)), every.reshape(23, 1, -1))
+        assert fixed_linear_forward(lin, x[:0]).shape == (0, shape[1])
+        exact = x.double() @ plain.double().T + (lin.bias.double() if bias else 0)
+        stock = torch.nn.functional.linear(x, plain, lin.bias)
+    ours, theirs = (every.double() - exact).abs().max(), (stock.double() - exact).abs().max()
+    assert ours <= 2 * theirs + 1e-6  # as accurate as stock's float32
+
+
+def test_panel_weight_keeps_the_plain_shape_and_values():
+    w = torch.randn(100, 33)
+    packed = PanelWeight.pack(w)
+    assert packed.shape == (100, 33) and packed.size() == (100, 33) and packed.size(0) == 100
+    assert packed.data.shape == (2, 33, fixed_linear.kernel().panel_width)
+    assert torch.equal(packed.to_dense(), w)
+    packed.copy_(w * 2)
+    assert torch.equal(packed.to_dense(), w * 2) and packed.shape == (100, 33)
+
+
+def test_the_runtime_names_the_kernel_and_falls_back_to_onednn_where_it_cannot_be_built(tok, monkeypatch):
+    ids = [5, 6, 7, 8]
+    fixed = ModelRuntime(tiny_model(tok, seed=3))
+    assert "fixed-order linear, 15 of 15 weights packed" in fixed.numerics and fixed.row_invariant
+    expected = fixed.prefill(ids)
+    monkeypatch.setattr(fixed_linear, "_EXT", None)
+    monkeypatch.setattr(fixed_linear, "_BUILD_ERROR", "the fixed-order kernel could not be built (no compiler)")
+    fallback = ModelRuntime(tiny_model(tok, seed=3))
+    assert "oneDNN linear >=2 rows (the fixed-order kernel could not be built (no compiler))" in fallback.numerics
+    assert fallback.row_invariant
+    # a different kernel, so not the same bits, but the same model: the same logits to float32 precision
+    torch.testing.assert_close(expected, fallback.prefill(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_an_unknown_kernel_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "mkl")
+    with pytest.raises(ValueError, match="SPECSTRUCT_LINEAR='mkl' is not a linear kernel; use one of"):
+        fixed_linear.kernel()
