@@ -35,7 +35,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "confidence-0.5": dict(draft_confidence=0.5),
     "text-cap-6": dict(max_candidates={"text": 6}),
     "text-cap-6+confidence-0.5": dict(max_candidates={"text": 6}, draft_confidence=0.5),
+    # a second copy of the target whose Linear layers run oneDNN's kernel instead of the fixed-order one
+    "linear-onednn": {},
+    "target-only-onednn": dict(enable_speculative=False),
 }
+ONEDNN = ("linear-onednn", "target-only-onednn")
 PARTS = ("prefill", "target attention", "target MLP", "target LM head", "target other", "draft model",
          "masks", "forced+lookup+engine", "python/other")
 
@@ -139,9 +143,11 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
 
 def summarize(rows: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
     base = {r["prompt"]: r for r in rows if r["variant"] == "target-only"}
+    base_onednn = {r["prompt"]: r for r in rows if r["variant"] == "target-only-onednn"}
     out: dict[str, Any] = {}
     for v in variants:
         rs = [r for r in rows if r["variant"] == v]
+        same = base_onednn if v in ONEDNN and base_onednn else base  # greedy output is compared within one kernel
         ratios = [(r["new_tokens"] / r["decode_s"]) / (base[r["prompt"]]["new_tokens"] / base[r["prompt"]]["decode_s"])
                   for r in rs if r["prompt"] in base and r["decode_s"] > 0]
         per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -154,7 +160,7 @@ def summarize(rows: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]
             "decode_speedup": statistics.median(ratios) if ratios else None,
             "acceptance": sum(r["accepted"] for r in rs) / max(1, sum(r["drafted"] for r in rs)),
             "tokens_per_pass": sum(r["new_tokens"] for r in rs) / max(1, sum(r["passes"] for r in rs)),
-            "identical": sum(r["token_ids"] == base[r["prompt"]]["token_ids"] for r in rs if r["prompt"] in base),
+            "identical": sum(r["token_ids"] == same[r["prompt"]]["token_ids"] for r in rs if r["prompt"] in same),
             "prompts": len(rs),
             "per_drafter": {k: dict(s) for k, s in per.items()},
             "shares": {p: sum(r["parts"][p] for r in rs) / total for p in PARTS},
@@ -210,6 +216,18 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
 
         f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0], SpecConfig(draft_numerics="float32"))
         engines["draft-float32"] = f32
+    if any(v in names for v in ONEDNN):
+        import os
+
+        from specstruct.models.loading import load
+
+        kernel = os.environ.get("SPECSTRUCT_LINEAR")
+        os.environ["SPECSTRUCT_LINEAR"] = "onednn"  # read when the engine packs its weights
+        try:
+            other = ss.SpecStruct(load(model)[0], eng.tokenizer, load(draft)[0])
+        finally:
+            os.environ.pop("SPECSTRUCT_LINEAR") if kernel is None else os.environ.update(SPECSTRUCT_LINEAR=kernel)
+        engines.update({v: other for v in ONEDNN if v in names})
     workloads = extraction_workloads(limit) if scenario == "extraction" else load_workloads(scenario, limit)
     result = run(eng, engines, workloads, names, max_new_tokens)
     print(markdown(result["summary"]))
