@@ -164,11 +164,11 @@ def test_forced_tokens_join_the_draft_without_a_draft_pass(tok, close_draft, tem
 
 
 def test_ablation_compares_onednn_variants_with_their_own_target_only():
-    from specstruct.bench.ablation import summarize
+    from specstruct.bench.ablation import PARTS, summarize
 
     def row(variant, ids, decode_s):
         return {"prompt": "p", "variant": variant, "token_ids": ids, "new_tokens": 4, "decode_s": decode_s,
-                "drafted": 0, "accepted": 0, "passes": 1, "per_drafter": {}, "parts": {"prefill": 1.0}}
+                "drafted": 0, "accepted": 0, "passes": 1, "per_drafter": {}, "parts": dict.fromkeys(PARTS, 0.1)}
 
     rows = [row("target-only", [1, 2], 2.0), row("all", [1, 2], 1.0),  # the other kernel breaks a near-tie elsewhere
             row("target-only-onednn", [1, 3], 2.5), row("linear-onednn", [1, 3], 1.25)]
