@@ -20,6 +20,9 @@ import hashlib
 import logging
 import os
 import platform
+import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +35,8 @@ KERNELS = ("fixed", "onednn")
 _SOURCE = Path(__file__).parent / "csrc" / "fixed_linear.cpp"
 _EXT: object | None = None
 _BUILD_ERROR: str | None = None
+_BUILDING = threading.Lock()
+_STALE_LOCK_S = 600  # a build takes ~30 s; a lock older than this belongs to a build that was killed
 
 
 def requested_kernel() -> str:
@@ -55,22 +60,41 @@ def _cpu_key() -> str:
 
 def kernel():
     """The built extension, or None (then `why_not()` says why). Built on first use, then loaded from cache."""
-    global _EXT, _BUILD_ERROR
     if requested_kernel() == "onednn":
         return None
-    if _EXT is None and _BUILD_ERROR is None:
-        try:
-            from torch.utils import cpp_extension
-
-            log.info("specstruct: building the fixed-order linear kernel (once per machine, about 30 s)")
-            _EXT = cpp_extension.load(
-                name=f"specstruct_fixed_linear_{_cpu_key()}", sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                extra_ldflags=["-fopenmp"], verbose=False)
-        except Exception as e:  # no compiler or ninja, a failed build: oneDNN still gives row invariance
-            _BUILD_ERROR = f"the fixed-order kernel could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
-            log.warning("specstruct: %s; using oneDNN's linear instead", _BUILD_ERROR)
+    with _BUILDING:  # one build per process, whatever threads ask
+        if _EXT is None and _BUILD_ERROR is None:
+            _build()
     return _EXT
+
+
+def _build() -> None:
+    global _EXT, _BUILD_ERROR
+    try:
+        from torch.utils import cpp_extension
+
+        name = f"specstruct_fixed_linear_{_cpu_key()}"
+        _prepare_build(cpp_extension._get_build_directory(name, verbose=False), name)
+        _EXT = cpp_extension.load(
+            name=name, sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler or ninja, a failed build: oneDNN still gives row invariance
+        _BUILD_ERROR = f"the fixed-order kernel could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
+        log.warning("specstruct: %s; using oneDNN's linear instead", _BUILD_ERROR)
+
+
+def _prepare_build(directory: str, name: str) -> None:
+    """Say so when the kernel is about to be compiled, and clear a lock left by a build that was killed (torch
+    would wait on it forever)."""
+    lock = Path(directory) / "lock"
+    try:
+        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+    except OSError:
+        pass
+    if not (Path(directory) / f"{name}.so").exists():
+        print("specstruct: building the fixed-order Linear kernel (once per machine, about 30 s)...", file=sys.stderr)
 
 
 def why_not() -> str | None:

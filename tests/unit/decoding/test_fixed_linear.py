@@ -73,3 +73,34 @@ def test_an_unknown_kernel_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "mkl")
     with pytest.raises(ValueError, match="SPECSTRUCT_LINEAR='mkl' is not a linear kernel; use one of"):
         fixed_linear.kernel()
+
+
+def test_a_failed_build_is_reported_once_and_a_stale_lock_is_cleared(tmp_path, monkeypatch, capsys):
+    import os
+
+    from torch.utils import cpp_extension
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    os.utime(lock, (1, 1))  # left by a build killed long ago: torch would wait on it forever
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "lock").write_text("")  # a build running now: left alone
+    fixed_linear._prepare_build(str(tmp_path), "specstruct_fixed_linear_x")
+    fixed_linear._prepare_build(str(fresh), "specstruct_fixed_linear_x")
+    assert not lock.exists() and (fresh / "lock").exists()
+    assert "building the fixed-order Linear kernel" in capsys.readouterr().err
+
+    calls = []
+
+    def no_compiler(**kwargs):
+        calls.append(kwargs["name"])
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(fixed_linear, "_EXT", None)
+    monkeypatch.setattr(fixed_linear, "_BUILD_ERROR", None)
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    assert fixed_linear.kernel() is None and fixed_linear.kernel() is None and len(calls) == 1
+    assert fixed_linear.why_not() == ("the fixed-order kernel could not be built (RuntimeError: Ninja is required "
+                                      "to load C++ extensions)")
