@@ -135,6 +135,8 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, int
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "y = x W^T (+ b) on a packed weight, each row's result independent of the others");
+  // Without the GIL, as torch's own ops: other Python threads (a server's event loop) run while a layer computes.
+  m.def("linear", &linear, "y = x W^T (+ b) on a packed weight, each row's result independent of the others",
+        py::call_guard<py::gil_scoped_release>());
   m.attr("panel_width") = NB;
 }

@@ -104,3 +104,32 @@ def test_a_failed_build_is_reported_once_and_a_stale_lock_is_cleared(tmp_path, m
     assert fixed_linear.kernel() is None and fixed_linear.kernel() is None and len(calls) == 1
     assert fixed_linear.why_not() == ("the fixed-order kernel could not be built (RuntimeError: Ninja is required "
                                       "to load C++ extensions)")
+
+
+def test_the_kernel_lets_other_python_threads_run():
+    """A server's event loop keeps running while the decode thread is inside a layer (the GIL is released)."""
+    import threading
+    import time
+
+    weight = PanelWeight.pack(torch.randn(4096, 4096))
+    x = torch.randn(96, 4096)
+    fixed_linear.kernel().linear(x, weight.data, 4096, None)  # warm
+    stamps, stop = [], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.02)
+        start = time.perf_counter()
+        fixed_linear.kernel().linear(x, weight.data, 4096, None)
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        t.join()
+    inside = [s for s in stamps if start <= s <= end]
+    gaps = [b - a for a, b in zip([start, *inside], [*inside, end])]
+    assert max(gaps) < 0.5 * (end - start)  # holding the GIL, the other thread would not run at all during the call
