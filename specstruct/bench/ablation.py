@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cap-4": dict(max_candidates={"json": 4, "code": 4}),
     "cap-16": dict(max_candidates={"json": 16, "code": 16}),
     "draft-float32": dict(draft_numerics="float32"),
+    "draft-int8-torchao": {},  # the draft in torch.ao's dynamic int8 (the default before the weight-only kernel)
     "confidence-0.3": dict(draft_confidence=0.3),
     "confidence-0.5": dict(draft_confidence=0.5),
     "text-cap-6": dict(max_candidates={"text": 6}),
@@ -216,6 +217,12 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
 
         f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0], SpecConfig(draft_numerics="float32"))
         engines["draft-float32"] = f32
+    if "draft-int8-torchao" in names:
+        from specstruct.decoding.runtime import quantize_draft
+        from specstruct.models.loading import load
+
+        ao = quantize_draft(load(draft)[0], torchao=True)  # given already quantized: the engine keeps it as is
+        engines["draft-int8-torchao"] = ss.SpecStruct(eng.model, eng.tokenizer, ao, SpecConfig(draft_numerics="float32"))
     if any(v in names for v in ONEDNN):
         import os
 

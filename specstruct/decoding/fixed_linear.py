@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .linear import PackedWeight, dense_state_dict_hook, onednn_linear_forward, shared_weights
-from .load_memory import empty_on_huge_pages, file_ranges, page_out
+from .linear import PackedWeight, onednn_linear_forward, pack_weights
+from .load_memory import empty_on_huge_pages
 
 log = logging.getLogger(__name__)
 KERNELS = ("fixed", "onednn")
@@ -65,6 +65,12 @@ def kernel():
     with _BUILDING:  # one build per process, whatever threads ask
         if _EXT is None and _BUILD_ERROR is None:
             _build()
+    return _EXT
+
+
+def built():
+    """The extension if this process built it (what packed weights were made for), whatever SPECSTRUCT_LINEAR
+    says now."""
     return _EXT
 
 
@@ -139,14 +145,16 @@ class PanelWeight(PackedWeight):
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [P, K, NB] panels (columns past N are zeros), on huge pages where the OS gives them."""
+    """[N, K] -> [P, K, NB] panels (columns past N are zeros) on huge pages where the OS gives them: float32, or
+    int8 for an int8 weight."""
     nb = _EXT.panel_width
-    w = weight.detach().to(torch.float32)
+    w = weight.detach()
+    w = w if w.dtype == torch.int8 else w.to(torch.float32)
     n, k = w.shape
     panels = -(-n // nb)
     if panels * nb != n:
         w = torch.cat([w, w.new_zeros(panels * nb - n, k)])
-    out = empty_on_huge_pages((panels, k, nb))
+    out = empty_on_huge_pages((panels, k, nb), w.dtype)
     return out.copy_(w.reshape(panels, nb, k).transpose(1, 2))
 
 
@@ -163,21 +171,6 @@ def fixed_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
 
 
 def pack_panels(model: torch.nn.Module) -> str:
-    """Pack every unshared float32 CPU nn.Linear weight in place (idempotent); a few words for the numerics
-    string. A shared weight (an LM head tied to the embeddings) stays plain: oneDNN computes that layer."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    shared, packed, mapped = shared_weights(model), 0, file_ranges()
-    for mod in linears:
-        w = mod.weight
-        if isinstance(w, PanelWeight):
-            packed += 1
-            continue
-        if id(w) in shared or w.dtype != torch.float32 or w.device.type != "cpu" or isinstance(w, PackedWeight):
-            continue
-        mod._specstruct_weight_grad = w.requires_grad
-        mod.weight = PanelWeight.pack(w)
-        mod.register_state_dict_post_hook(dense_state_dict_hook)
-        if mapped:
-            page_out(w, mapped)  # its file pages were read once for packing: give them back now
-        packed += 1
-    return f"{packed} of {len(linears)} weights packed"
+    """Pack every unshared Linear weight into panels (linear.pack_weights). A shared weight (an LM head tied to
+    the embeddings) stays plain: oneDNN computes that layer."""
+    return pack_weights(model, PanelWeight.pack, PanelWeight, "packed")

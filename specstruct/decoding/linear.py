@@ -102,29 +102,34 @@ def shared_weights(model: torch.nn.Module) -> set[int]:
     return shared
 
 
-def pack_linears(model: torch.nn.Module) -> str:
-    """Prepack every unshared nn.Linear weight in place (idempotent); a few words for the numerics string.
-    Where this torch cannot prepack, the weights stay plain (the results are the same, only slower)."""
+def pack_weights(model: torch.nn.Module, pack, kind: type, word: str) -> str:
+    """Replace every unshared float32 CPU nn.Linear weight by `pack(weight)` (a `kind`, idempotent); a few words
+    for the numerics string. Where packing fails, the weights left stay plain (the results are the same)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     shared, packed, mapped = shared_weights(model), 0, file_ranges()
     for mod in linears:
         w = mod.weight
-        if isinstance(w, PackedWeight):
+        if type(w) is kind:
             packed += 1
             continue
-        if id(w) in shared or w.dtype != torch.float32 or w.device.type != "cpu":
+        if id(w) in shared or w.dtype != torch.float32 or w.device.type != "cpu" or isinstance(w, PackedWeight):
             continue
         try:
-            data = _reorder(w)
+            new = pack(w)
         except Exception as e:  # an op missing from this torch build, or refusing this weight
-            return f"{packed} of {len(linears)} weights prepacked (prepacking failed: {type(e).__name__})"
+            return f"{packed} of {len(linears)} weights {word} ({word[:-2]}ing failed: {type(e).__name__})"
         mod._specstruct_weight_grad = w.requires_grad
-        mod.weight = PackedWeight(data, requires_grad=False)
+        mod.weight = new
         mod.register_state_dict_post_hook(dense_state_dict_hook)
         if mapped:
             page_out(w, mapped)  # its file pages were read once for packing: give them back now, not at the end
         packed += 1
-    return f"{packed} of {len(linears)} weights prepacked"
+    return f"{packed} of {len(linears)} weights {word}"
+
+
+def pack_linears(model: torch.nn.Module) -> str:
+    """Prepack every unshared Linear weight for oneDNN (pack_weights)."""
+    return pack_weights(model, lambda w: PackedWeight(_reorder(w), requires_grad=False), PackedWeight, "prepacked")
 
 
 def unpack_linears(model: torch.nn.Module) -> None:

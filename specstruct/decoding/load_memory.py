@@ -83,15 +83,15 @@ _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
 
 
-def empty_on_huge_pages(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialized float32 tensor whose whole 2 MiB pages are advised as transparent huge pages
+def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized tensor whose whole 2 MiB pages are advised as transparent huge pages
     (MADV_HUGEPAGE; Linux with THP in "madvise" mode, the common default), before anything touches them. A
     kernel streaming gigabytes of weights per pass then misses the TLB 512x less often: the fixed-order Linear
     streams the 1.5B target's packed weights ~15% faster (docs/benchmarks.md). Best effort: elsewhere the
     tensor is simply on ordinary pages."""
-    t = torch.empty(shape, dtype=torch.float32)
+    t = torch.empty(shape, dtype=dtype)
     libc = _libc()
-    ptr, size = t.data_ptr(), t.numel() * 4
+    ptr, size = t.data_ptr(), t.numel() * t.element_size()
     start, end = -(-ptr // _HUGE) * _HUGE, (ptr + size) // _HUGE * _HUGE
     if libc is not None and end > start:
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

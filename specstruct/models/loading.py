@@ -140,9 +140,12 @@ def matched_draft(target_tokenizer, draft_tokenizer, target_model, draft_model):
 
 
 def output_rows(model) -> int:
-    """Logits per token: the LM head's rows (quantized heads expose `weight` as a method), else config.vocab_size."""
+    """Logits per token: the LM head's rows (its `out_features`, or its weight's rows: quantized heads expose
+    `weight` as a method), else config.vocab_size."""
     emb = model.get_output_embeddings()
     if emb is None:
         return int(model.config.vocab_size)
+    if isinstance(getattr(emb, "out_features", None), int):
+        return emb.out_features
     weight = emb.weight
     return int((weight() if callable(weight) else weight).shape[0])

@@ -62,11 +62,11 @@ def _decode(eng, tok, prompt, constraint, **cfg):
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
-@pytest.mark.parametrize("draft_kind", ["close", "close-int8", "far", "none"])
+@pytest.mark.parametrize("draft_kind", ["close", "close-int8", "close-int8-torchao", "far", "none"])
 def test_greedy_speculative_equals_target_only(tok, target, close_draft, far_draft, kind, draft_kind):
     draft = {"close": close_draft, "far": far_draft, "none": None}.get(draft_kind)
-    if draft_kind == "close-int8":
-        draft = quantize_draft(close_draft)  # the default draft numerics on CPU
+    if draft_kind.startswith("close-int8"):  # the default draft numerics on CPU, and torch.ao's
+        draft = quantize_draft(close_draft, torchao=draft_kind.endswith("torchao"))
     eng = _engine(tok, target, draft)
     constraint = _compile(tok, eng, kind)
     drafted = 0

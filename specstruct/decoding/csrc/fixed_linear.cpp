@@ -29,6 +29,9 @@ static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 static inline vec vset1(float a) { return _mm512_set1_ps(a); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vload(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 typedef __m256 vec;
@@ -39,6 +42,9 @@ static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline vec vset1(float a) { return _mm256_set1_ps(a); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vload(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 #else  // portable, slow: one float per "vector", the same fused multiply-adds in the same order
 typedef float vec;
 constexpr int VW = 1;
@@ -48,15 +54,16 @@ static inline vec vload(const float* p) { return *p; }
 static inline vec vset1(float a) { return a; }
 static inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
 static inline void vstore(float* p, vec a) { *p = a; }
+static inline vec vload(const int8_t* p) { return static_cast<float>(*p); }
 #endif
 constexpr int NV = 4;             // vectors per panel
 constexpr int NB = NV * VW;       // output columns per panel
 constexpr int64_t KC = 256;       // inputs per block sum
-constexpr int64_t PREFETCH = 16;  // panel rows (k) ahead, into L2
+constexpr int64_t PREFETCH_BYTES = 16 * 256;  // how far ahead in the panel to prefetch, into L2
 
 // Rows [0, R) of x against one panel, inputs [k0, k1): one block sum per output, added to y (stored at k0 = 0).
-template <int R>
-static inline void block(const float* __restrict x, int64_t K, int64_t k0, int64_t k1, const float* __restrict w,
+template <int R, typename W>
+static inline void block(const float* __restrict x, int64_t K, int64_t k0, int64_t k1, const W* __restrict w,
                          float* __restrict y, int64_t ldy, int64_t ncols) {
   vec acc[R][NV];
 #pragma GCC unroll 8
@@ -64,8 +71,9 @@ static inline void block(const float* __restrict x, int64_t K, int64_t k0, int64
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
   for (int64_t k = k0; k < k1; ++k) {
-    const float* wk = w + k * NB;
-    for (int line = 0; line < NB; line += 16) __builtin_prefetch(wk + PREFETCH * NB + line, 0, 2);
+    const W* wk = w + k * NB;
+    const char* ahead = reinterpret_cast<const char*>(wk) + PREFETCH_BYTES;
+    for (size_t b = 0; b < NB * sizeof(W); b += 64) __builtin_prefetch(ahead + b, 0, 2);
     const vec w0 = vload(wk), w1 = vload(wk + VW), w2 = vload(wk + 2 * VW), w3 = vload(wk + 3 * VW);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -90,28 +98,29 @@ static inline void block(const float* __restrict x, int64_t K, int64_t k0, int64
 }
 
 // The last rows of a call (fewer than MB): the block of exactly that many.
-template <int R>
-static inline void tail(int64_t left, const float* x, int64_t K, int64_t k0, int64_t k1, const float* w, float* y,
+template <int R, typename W>
+static inline void tail(int64_t left, const float* x, int64_t K, int64_t k0, int64_t k1, const W* w, float* y,
                         int64_t ldy, int64_t ncols) {
   if constexpr (R > 0) {
-    if (left == R) block<R>(x, K, k0, k1, w, y, ldy, ncols);
-    else tail<R - 1>(left, x, K, k0, k1, w, y, ldy, ncols);
+    if (left == R) block<R, W>(x, K, k0, k1, w, y, ldy, ncols);
+    else tail<R - 1, W>(left, x, K, k0, k1, w, y, ldy, ncols);
   }
 }
 
 // Every row against one panel, one block of inputs at a time (that slice of the panel stays in cache while all
 // the rows use it; the order of the sums is the same whatever the loop nesting).
-static void panel(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t ncols) {
+template <typename W>
+static void panel(const float* x, int64_t M, int64_t K, const W* w, float* y, int64_t N, int64_t ncols) {
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t k1 = std::min(K, k0 + KC);
     int64_t m = 0;
-    for (; m + MB <= M; m += MB) block<MB>(x + m * K, K, k0, k1, w, y + m * N, N, ncols);
-    tail<MB - 1>(M - m, x + m * K, K, k0, k1, w, y + m * N, N, ncols);
+    for (; m + MB <= M; m += MB) block<MB, W>(x + m * K, K, k0, k1, w, y + m * N, N, ncols);
+    tail<MB - 1, W>(M - m, x + m * K, K, k0, k1, w, y + m * N, N, ncols);
   }
 }
 
-torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t N,
-                     const c10::optional<torch::Tensor>& bias) {
+template <typename W>
+static torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t N) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && !x_in.is_cuda(), "x: 2-D float32 on the CPU");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == NB && packed.is_contiguous(), "packed weight: [P, K, ", NB, "]");
   const torch::Tensor x = x_in.contiguous();
@@ -120,16 +129,33 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, int
   torch::Tensor y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   const float* xd = x.data_ptr<float>();
-  const float* wd = packed.data_ptr<float>();
+  const W* wd = packed.data_ptr<W>();
   float* yd = y.data_ptr<float>();
   if (K == 0) {
     y.zero_();
   } else {
     at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)
-        panel(xd, M, K, wd + p * K * NB, yd + p * NB, N, std::min<int64_t>(NB, N - p * NB));
+        panel<W>(xd, M, K, wd + p * K * NB, yd + p * NB, N, std::min<int64_t>(NB, N - p * NB));
     });
   }
+  return y;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
+                     const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed weight: float32");
+  torch::Tensor y = run<float>(x, packed, N);
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+// Weight-only int8 (drafts): y = (x Q^T) * scale (+ b), Q int8 panels, one scale per output. Same order of sums.
+torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, int64_t N, const torch::Tensor& scale,
+                          const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(packed.scalar_type() == at::kChar, "packed weight: int8");
+  torch::Tensor y = run<int8_t>(x, packed, N);
+  y.mul_(scale);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
@@ -137,6 +163,8 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, int
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL, as torch's own ops: other Python threads (a server's event loop) run while a layer computes.
   m.def("linear", &linear, "y = x W^T (+ b) on a packed weight, each row's result independent of the others",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_int8", &linear_int8, "y = (x Q^T) * scale (+ b) on packed int8 weights (drafts)",
         py::call_guard<py::gil_scoped_release>());
   m.attr("panel_width") = NB;
 }

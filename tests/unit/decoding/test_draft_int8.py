@@ -1,0 +1,49 @@
+"""A draft in weight-only int8 on the fixed-order kernel (decoding/draft_int8.py): the dequantized weights'
+results to float32 precision, close to the float32 model, and what quantize_draft gives where the kernel is built
+(torch.ao's dynamic int8 otherwise, or when asked)."""
+
+import pytest
+import torch
+
+from specstruct.decoding import fixed_linear
+from specstruct.decoding.draft_int8 import Int8Linear
+from specstruct.decoding.runtime import ModelRuntime, quantize_draft
+from specstruct.testing import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _built(monkeypatch):
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    if fixed_linear.kernel() is None:
+        pytest.skip(fixed_linear.why_not())
+
+
+@pytest.mark.parametrize("shape", [(40, 72), (33, 100), (515, 129)])
+def test_int8_linear_computes_with_the_rounded_weights(shape):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(*shape)
+    q = Int8Linear(lin)
+    x = torch.randn(3, 5, shape[0])
+    y = q(x)
+    assert y.shape == (3, 5, shape[1]) and q.packed.dtype == torch.int8
+    assert q.scale.shape == (shape[1],)
+    rounded = torch.round(lin.weight / q.scale[:, None]).clamp(-127, 127) * q.scale[:, None]
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, rounded, lin.bias), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        exact = lin(x)
+    assert ((y - exact).norm() / exact.norm()) < 0.01  # int8 rounding, per output row
+    zero = torch.nn.Linear(4, 3, bias=False)
+    torch.nn.init.zeros_(zero.weight)
+    assert torch.equal(Int8Linear(zero)(torch.randn(2, 4)), torch.zeros(2, 3))  # no division by a zero scale
+
+
+def test_quantize_draft_uses_the_kernel_and_keeps_torch_ao_on_request(tok):
+    model = tiny_model(tok, seed=11)
+    ids = [5, 6, 7, 8, 9]
+    ours, ao = quantize_draft(model), quantize_draft(model, torchao=True)
+    assert "weight-only" in ours._specstruct_draft_numerics and "torch.ao" in ao._specstruct_draft_numerics
+    assert not any(isinstance(m, torch.nn.Linear) for m in ours.modules())
+    assert all(isinstance(p, torch.nn.Parameter) and not isinstance(p, fixed_linear.PackedWeight)
+               for p in model.parameters())  # the source model is untouched
+    full, q8 = ModelRuntime(model).prefill(ids), ModelRuntime(ours).prefill(ids)
+    assert torch.argmax(full) == torch.argmax(q8) and ((q8 - full).norm() / full.norm()) < 0.05
