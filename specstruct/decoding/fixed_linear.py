@@ -11,7 +11,8 @@ build is keyed by the CPU's flags) into torch's extension cache. Where it cannot
 SPECSTRUCT_LINEAR=onednn, the runtime uses oneDNN instead (`kernel()` says why); the numerics string names the
 kernel in use. A model's Linear weights are packed once into the kernel's panels ([P, K, NB]: NB output
 columns per panel, zero-padded), replacing the plain ones (`PanelWeight`, which keeps the plain shape and
-everything linear.PackedWeight provides: deepcopy, state_dict, load_state_dict, restore_stock).
+everything linear.PackedWeight provides: deepcopy, state_dict, load_state_dict, restore_stock). The same
+kernel on int8 panels runs the draft model (draft_int8.py).
 """
 
 from __future__ import annotations
