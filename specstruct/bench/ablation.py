@@ -217,24 +217,18 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
 
         f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0], SpecConfig(draft_numerics="float32"))
         engines["draft-float32"] = f32
-    if "draft-int8-torchao" in names:
+    if "draft-int8-torchao" in names or any(v in names for v in ONEDNN):
+        from specstruct.decoding import fixed_linear
         from specstruct.decoding.runtime import quantize_draft
         from specstruct.models.loading import load
 
-        ao = quantize_draft(load(draft)[0], torchao=True)  # given already quantized: the engine keeps it as is
-        engines["draft-int8-torchao"] = ss.SpecStruct(eng.model, eng.tokenizer, ao, SpecConfig(draft_numerics="float32"))
-    if any(v in names for v in ONEDNN):
-        import os
-
-        from specstruct.models.loading import load
-
-        kernel = os.environ.get("SPECSTRUCT_LINEAR")
-        os.environ["SPECSTRUCT_LINEAR"] = "onednn"  # read when the engine packs its weights
-        try:
-            other = ss.SpecStruct(load(model)[0], eng.tokenizer, load(draft)[0])
-        finally:
-            os.environ.pop("SPECSTRUCT_LINEAR") if kernel is None else os.environ.update(SPECSTRUCT_LINEAR=kernel)
-        engines.update({v: other for v in ONEDNN if v in names})
+        if "draft-int8-torchao" in names:  # given already quantized: the engine keeps it as is
+            ao = quantize_draft(load(draft)[0], torchao=True)
+            engines["draft-int8-torchao"] = ss.SpecStruct(eng.model, eng.tokenizer, ao, SpecConfig(draft_numerics="float32"))
+        if any(v in names for v in ONEDNN):
+            with fixed_linear.using("onednn"):  # read when the engine packs its weights
+                other = ss.SpecStruct(load(model)[0], eng.tokenizer, load(draft)[0])
+            engines.update({v: other for v in ONEDNN if v in names})
     workloads = extraction_workloads(limit) if scenario == "extraction" else load_workloads(scenario, limit)
     result = run(eng, engines, workloads, names, max_new_tokens)
     print(markdown(result["summary"]))

@@ -23,7 +23,7 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
     """A short hash of a few weight tensors (first, evenly spaced middle ones, last): name, shape, dtype
     and an evenly strided sample of values. Cheap on a 1.5B model, and different for different
     checkpoints or a perturbed copy of the same one."""
-    from ..decoding.linear import PackedWeight  # torch, only when a model is fingerprinted
+    from ..decoding.linear import dense  # torch, only when a model is fingerprinted
 
     params = list(model.named_parameters())
     if not params:
@@ -32,7 +32,7 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
     digest = hashlib.sha256()
     for index in picks:
         name, tensor = params[index]
-        flat = (tensor.to_dense() if isinstance(tensor, PackedWeight) else tensor.detach()).reshape(-1)  # plain values
+        flat = dense(tensor).detach().reshape(-1)  # a packed weight's plain values
         sample = flat[:: max(1, flat.numel() // samples)].float().cpu().contiguous()
         digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
         digest.update(sample.numpy().tobytes())

@@ -15,12 +15,12 @@ most time in a pass of K tokens, by input shape (which Linear is which): where t
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 
+from ..decoding import fixed_linear
 from ..decoding.runtime import ModelRuntime, quantize_draft, restore_stock
 
 KS = (1, 2, 4, 8, 9)
@@ -33,14 +33,10 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
     """Median seconds of extend(k) after a `cache_len`-token prefill, for each k. With `profile` (a list), the
     ops of `repeats` passes of the last k are appended to it as (op, input shapes, ms per pass)."""
     restore_stock(model)
-    kernel = os.environ.get("SPECSTRUCT_LINEAR")
-    os.environ["SPECSTRUCT_LINEAR"] = NUMERICS[numerics]  # read when the runtime packs the weights
-    try:
+    with fixed_linear.using(NUMERICS[numerics]):  # read when the runtime packs the weights
         if numerics.startswith("int8"):
             model = quantize_draft(model, torchao="torch.ao" in numerics)
         rt = ModelRuntime(model, row_invariant=(numerics != "stock"))
-    finally:
-        os.environ.pop("SPECSTRUCT_LINEAR") if kernel is None else os.environ.update(SPECSTRUCT_LINEAR=kernel)
     vocab = rt.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, min(vocab, 50_000), (cache_len,), generator=gen).tolist()

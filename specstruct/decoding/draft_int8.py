@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import fixed_linear
+from .linear import dense
 
 
 class Int8Linear(torch.nn.Module):
@@ -19,8 +20,7 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
-        w = linear.weight
-        w = (w.to_dense() if isinstance(w, fixed_linear.PackedWeight) else w).detach().to(torch.float32)
+        w = dense(linear.weight).detach().to(torch.float32)
         scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -17,6 +17,7 @@ kernel on int8 panels runs the draft model (draft_int8.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .linear import PackedWeight, onednn_linear_forward, pack_weights
+from .linear import PackedWeight, dense, onednn_linear_forward, pack_weights
 from .load_memory import empty_on_huge_pages
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,20 @@ def requested_kernel() -> str:
     if name not in KERNELS:
         raise ValueError(f"SPECSTRUCT_LINEAR={name!r} is not a linear kernel; use one of {KERNELS}")
     return name
+
+
+@contextlib.contextmanager
+def using(name: str):
+    """SPECSTRUCT_LINEAR=name for the models packed inside the block (benchmarks comparing kernels), then as before."""
+    before = os.environ.get("SPECSTRUCT_LINEAR")
+    os.environ["SPECSTRUCT_LINEAR"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPECSTRUCT_LINEAR", None)
+        else:
+            os.environ["SPECSTRUCT_LINEAR"] = before
 
 
 def _cpu_key() -> str:
@@ -139,7 +154,7 @@ class PanelWeight(PackedWeight):
         return memo[id(self)]
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PanelWeight":
-        plain = src.to_dense() if isinstance(src, PackedWeight) or src.is_mkldnn else src
+        plain = dense(src)
         self.data = pack_weight(plain.to(torch.float32))
         self.out_features = plain.shape[0]
         return self

@@ -63,7 +63,7 @@ class PackedWeight(torch.nn.Parameter):
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PackedWeight":
         """New values (load_state_dict calls this), packed again."""
-        self.data = _reorder(src.to_dense() if isinstance(src, PackedWeight) or src.is_mkldnn else src.to(torch.float32))
+        self.data = _reorder(dense(src).to(torch.float32))
         return self
 
     def to(self, *args, **kwargs):
@@ -76,6 +76,11 @@ class PackedWeight(torch.nn.Parameter):
         raise PackedWeightError(f"a prepacked Linear weight is float32 on the CPU only; {_FIX}")
 
     half = bfloat16 = double = cuda = _refuse
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A weight's plain values: unpacked if it is packed (for either kernel) or an mkldnn tensor."""
+    return t.to_dense() if isinstance(t, PackedWeight) or t.is_mkldnn else t
 
 
 def dense_state_dict_hook(module, state_dict, prefix, local_metadata) -> None:

@@ -133,3 +133,14 @@ def test_the_kernel_lets_other_python_threads_run():
     inside = [s for s in stamps if start <= s <= end]
     gaps = [b - a for a, b in zip([start, *inside], [*inside, end])]
     assert max(gaps) < 0.5 * (end - start)  # holding the GIL, the other thread would not run at all during the call
+
+
+def test_using_sets_the_kernel_for_a_block_and_restores_what_was_there(monkeypatch):
+    monkeypatch.delenv("SPECSTRUCT_LINEAR", raising=False)
+    with fixed_linear.using("onednn"):
+        assert fixed_linear.requested_kernel() == "onednn" and fixed_linear.kernel() is None
+    assert "SPECSTRUCT_LINEAR" not in __import__("os").environ
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    with pytest.raises(RuntimeError), fixed_linear.using("onednn"):
+        raise RuntimeError("a failed engine build")
+    assert fixed_linear.requested_kernel() == "fixed"
