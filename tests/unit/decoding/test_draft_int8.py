@@ -37,6 +37,19 @@ def test_int8_linear_computes_with_the_rounded_weights(shape):
     assert torch.equal(Int8Linear(zero)(torch.randn(2, 4)), torch.zeros(2, 3))  # no division by a zero scale
 
 
+@pytest.mark.parametrize("shape", [(40, 72), (515, 129)])
+def test_int8_rows_are_the_same_bits_alone_or_in_a_prefill(shape):
+    """The int8 kernel is row-invariant as the float32 one is: blocks of 6 rows, tails, a prefill-sized call."""
+    torch.manual_seed(1)
+    q = Int8Linear(torch.nn.Linear(*shape))
+    x = torch.randn(40, shape[0])
+    every = q(x)
+    for n in (1, 5, 6, 7, 13, 40):
+        assert torch.equal(q(x[:n]), every[:n])
+    for i in range(40):
+        assert torch.equal(q(x[i : i + 1]), every[i : i + 1])
+
+
 def test_quantize_draft_uses_the_kernel_and_keeps_torch_ao_on_request(tok):
     model = tiny_model(tok, seed=11)
     ids = [5, 6, 7, 8, 9]
