@@ -51,7 +51,7 @@ def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float,
     if other.panel_width != ours.panel_width:
         raise SystemExit(f"the other kernel packs {other.panel_width}-column panels, this one {ours.panel_width}: "
                          "their packed weights differ, compare them with forward_cost across runs instead")
-    ids = torch.randint(0, 50_000, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = torch.randint(0, min(rt.vocab_size, 50_000), (300,), generator=torch.Generator().manual_seed(1)).tolist()
     rt.prefill(ids, reuse=False)
     times: dict[tuple[str, int], list[float]] = {}
     logits: dict[tuple[str, int], torch.Tensor] = {}
