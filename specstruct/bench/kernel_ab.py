@@ -39,7 +39,7 @@ def other_kernel(source: str | None, commit: str | None):
         source = str(path)
     key = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]  # built once per version, then cached
     return cpp_extension.load(name=f"specstruct_kernel_ab_{key}", sources=[source],
-                              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+                              extra_cflags=fixed_linear.CFLAGS, extra_ldflags=fixed_linear.LDFLAGS)
 
 
 def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float, float, bool]]:

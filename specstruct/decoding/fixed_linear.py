@@ -39,6 +39,7 @@ _EXT: object | None = None
 _BUILD_ERROR: str | None = None
 _BUILDING = threading.Lock()
 _STALE_LOCK_S = 600  # a build takes ~30 s; a lock older than this belongs to a build that was killed
+CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how the kernel is built (bench/kernel_ab too)
 
 
 def requested_kernel() -> str:
@@ -97,10 +98,8 @@ def _build() -> None:
 
         name = f"specstruct_fixed_linear_{_cpu_key()}"
         _prepare_build(cpp_extension._get_build_directory(name, verbose=False), name)
-        _EXT = cpp_extension.load(
-            name=name, sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"], verbose=False)
+        _EXT = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                                  verbose=False)
     except Exception as e:  # no compiler or ninja, a failed build: oneDNN still gives row invariance
         _BUILD_ERROR = f"the fixed-order kernel could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
         log.warning("specstruct: %s; using oneDNN's linear instead", _BUILD_ERROR)
