@@ -14,6 +14,7 @@ an hour.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import statistics
 import subprocess
@@ -47,26 +48,20 @@ def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float,
     from ..decoding.runtime import ModelRuntime
 
     rt = ModelRuntime(model)
-    ours = fixed_linear.built()
-    if other.panel_width != ours.panel_width:
-        raise SystemExit(f"the other kernel packs {other.panel_width}-column panels, this one {ours.panel_width}: "
-                         "their packed weights differ, compare them with forward_cost across runs instead")
+    sides = (("this", contextlib.nullcontext), ("other", lambda: fixed_linear.running(other)))
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (300,), generator=torch.Generator().manual_seed(1)).tolist()
     rt.prefill(ids, reuse=False)
     times: dict[tuple[str, int], list[float]] = {}
     logits: dict[tuple[str, int], torch.Tensor] = {}
-    try:
-        for r in range(repeats + 1):  # the first round warms up
-            for side, ext in (("this", ours), ("other", other)):
-                fixed_linear._EXT = ext  # the forward reads the kernel from here; the panels are shared
+    for r in range(repeats + 1):  # the first round warms up
+        for side, kernel in sides:
+            with kernel():  # the same packed panels, computed by one build or the other
                 for k in ks:
                     t0 = time.perf_counter()
                     logits[(side, k)] = rt.extend(ids[:k])
                     if r:
                         times.setdefault((side, k), []).append(time.perf_counter() - t0)
                     rt.crop(300)
-    finally:
-        fixed_linear._EXT = ours
     return [(k, statistics.median(times[("this", k)]), statistics.median(times[("other", k)]),
              torch.equal(logits[("this", k)], logits[("other", k)])) for k in ks]
 
@@ -92,7 +87,11 @@ def main(argv: list[str] | None = None) -> None:
         model = quantize_draft(model)
     print(f"{args.model}{' (int8 draft)' if args.draft else ''}, {torch.get_num_threads()} threads, 300-token cache, "
           f"median of {args.repeats}, the two kernels alternating; other = {args.commit or args.source}")
-    for k, ours, theirs, same in compare(model, other, [int(k) for k in args.ks.split(",")], args.repeats):
+    try:
+        rows = compare(model, other, [int(k) for k in args.ks.split(",")], args.repeats)
+    except ValueError as e:  # fixed_linear.running: another panel width
+        raise SystemExit(f"{e}: their packed weights differ, compare them with forward_cost across runs instead")
+    for k, ours, theirs, same in rows:
         print(f"k={k}: this tree {ours * 1e3:.1f} ms, other {theirs * 1e3:.1f} ms, {theirs / ours:.3f}x; "
               f"logits bitwise equal: {same}")
 

@@ -91,6 +91,21 @@ def built():
     return _EXT
 
 
+@contextlib.contextmanager
+def running(ext):
+    """Packed weights computed by another build of this kernel inside the block (bench/kernel_ab compares two
+    versions of the source on the same panels; both must pack the same panel width), then by this one again."""
+    global _EXT
+    ours = _EXT
+    if ext.panel_width != ours.panel_width:
+        raise ValueError(f"the other kernel packs {ext.panel_width}-column panels, this one {ours.panel_width}")
+    _EXT = ext
+    try:
+        yield
+    finally:
+        _EXT = ours
+
+
 def _build() -> None:
     global _EXT, _BUILD_ERROR
     try:

@@ -19,3 +19,16 @@ def test_compare_times_both_sides_and_restores_the_kernel(monkeypatch):
     assert [k for k, *_ in rows] == [1, 7]
     assert all(a > 0 and b > 0 and same for _, a, b, same in rows)
     assert fixed_linear.built() is ours
+
+
+def test_another_panel_width_is_refused_and_the_kernel_kept(monkeypatch):
+    import types
+
+    monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    if fixed_linear.kernel() is None:
+        pytest.skip(fixed_linear.why_not())
+    ours = fixed_linear.built()
+    with pytest.raises(ValueError, match="column panels"):
+        with fixed_linear.running(types.SimpleNamespace(panel_width=ours.panel_width * 2)):
+            pass
+    assert fixed_linear.built() is ours
