@@ -25,7 +25,8 @@ from ..decoding.runtime import ModelRuntime, quantize_draft, restore_stock
 
 KS = (1, 2, 4, 8, 9)
 NUMERICS = {"stock": "stock", "row-invariant, oneDNN": "onednn", "row-invariant, fixed-order": "fixed",
-            "int8 weight-only": "fixed", "int8 dynamic (torch.ao)": "fixed"}  # the int8 ones: drafts only
+            "int8 weight-only": "fixed", "int8 dynamic (torch.ao)": "fixed"}
+DRAFT_ONLY = ("int8 weight-only", "int8 dynamic (torch.ao)")
 
 
 def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             base = cost["stock one block"]
             console.print(f"cold prefill of {args.prefill} tokens, {name} (median s): " + "; ".join(
                 f"{how} {t:.2f} ({t / base:.2f}x)" for how, t in cost.items()))
-        for numerics in list(NUMERICS)[: 3 + 2 * bool(i)]:  # int8: draft models only
+        for numerics in [n for n in NUMERICS if i or n not in DRAFT_ONLY]:
             rows: list | None = [] if args.profile else None
             t = measure(model, numerics, repeats=args.repeats, ks=ks, profile=rows)
             one_token[(name, numerics)] = t[1]
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     console.print(table)
     if len(names) >= 2:
         t1 = one_token[(names[0], "row-invariant, fixed-order")]
-        for numerics in ("row-invariant, fixed-order", "int8 weight-only", "int8 dynamic (torch.ao)"):
+        for numerics in ("row-invariant, fixed-order", *DRAFT_ONLY):
             console.print(f"draft/target one-token cost ratio c = {one_token[(names[1], numerics)] / t1:.2f} "
                           f"({names[1]} {numerics} / {names[0]} row-invariant, fixed-order, float32)")
 
