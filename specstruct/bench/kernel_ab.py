@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoding import fixed_linear
+from ..decoding import fixed_linear, native
 
 SOURCE = "specstruct/decoding/csrc/fixed_linear.cpp"
 
@@ -40,7 +40,7 @@ def other_kernel(source: str | None, commit: str | None):
         source = str(path)
     key = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]  # built once per version, then cached
     return cpp_extension.load(name=f"specstruct_kernel_ab_{key}", sources=[source],
-                              extra_cflags=fixed_linear.CFLAGS, extra_ldflags=fixed_linear.LDFLAGS)
+                              extra_cflags=native.CFLAGS, extra_ldflags=native.LDFLAGS)
 
 
 def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float, float, bool]]:

@@ -6,7 +6,7 @@ small-batch kernel is slower than MKL's one-row GEMV: the one-token step cost ~1
 computed as it would be among any others with no padding, and it streams the weights once per call like a
 GEMV, so 1-9 rows cost about what one does.
 
-It is C++ built once per machine (torch.utils.cpp_extension: a C++ compiler and ninja; -march=native, so the
+It is C++ built once per machine (native.py: torch.utils.cpp_extension, a C++ compiler and ninja; -march=native, so the
 build is keyed by the CPU's flags) into torch's extension cache. Where it cannot be built, or with
 SPECSTRUCT_LINEAR=onednn, the runtime uses oneDNN instead (`kernel()` says why); the numerics string names the
 kernel in use. A model's Linear weights are packed once into the kernel's panels ([P, K, NB]: NB output
@@ -18,28 +18,19 @@ kernel on int8 panels runs the draft model (draft_int8.py).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
 import os
-import platform
-import sys
-import threading
-import time
 from pathlib import Path
 
 import torch
 
+from . import native
 from .linear import PackedWeight, dense, onednn_linear_forward, pack_weights
 from .load_memory import empty_on_huge_pages
 
-log = logging.getLogger(__name__)
 KERNELS = ("fixed", "onednn")
-_SOURCE = Path(__file__).parent / "csrc" / "fixed_linear.cpp"
-_EXT: object | None = None
-_BUILD_ERROR: str | None = None
-_BUILDING = threading.Lock()
-_STALE_LOCK_S = 600  # a build takes ~30 s; a lock older than this belongs to a build that was killed
-CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how the kernel is built (bench/kernel_ab too)
+_KERNEL = native.Kernel("specstruct_fixed_linear", Path(__file__).parent / "csrc" / "fixed_linear.cpp",
+                        "the fixed-order Linear kernel", "using oneDNN's linear instead")
+_RUNNING: object | None = None  # another build of the kernel, inside `running`
 
 
 def requested_kernel() -> str:
@@ -64,80 +55,39 @@ def using(name: str):
             os.environ["SPECSTRUCT_LINEAR"] = before
 
 
-def _cpu_key() -> str:
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = platform.processor()
-    text = "|".join([flags, torch.__version__, _SOURCE.read_text()])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 def kernel():
     """The built extension, or None (then `why_not()` says why). Built on first use, then loaded from cache."""
     if requested_kernel() == "onednn":
         return None
-    with _BUILDING:  # one build per process, whatever threads ask
-        if _EXT is None and _BUILD_ERROR is None:
-            _build()
-    return _EXT
+    return built() if _KERNEL.load() is not None else None
 
 
 def built():
     """The extension if this process built it (what packed weights were made for), whatever SPECSTRUCT_LINEAR
     says now."""
-    return _EXT
+    return _RUNNING or _KERNEL.module
 
 
 @contextlib.contextmanager
 def running(ext):
     """Packed weights computed by another build of this kernel inside the block (bench/kernel_ab compares two
     versions of the source on the same panels; both must pack the same panel width), then by this one again."""
-    global _EXT
-    ours = _EXT
+    global _RUNNING
+    ours = built()
     if ext.panel_width != ours.panel_width:
         raise ValueError(f"the other kernel packs {ext.panel_width}-column panels, this one {ours.panel_width}")
-    _EXT = ext
+    _RUNNING = ext
     try:
         yield
     finally:
-        _EXT = ours
-
-
-def _build() -> None:
-    global _EXT, _BUILD_ERROR
-    try:
-        from torch.utils import cpp_extension
-
-        name = f"specstruct_fixed_linear_{_cpu_key()}"
-        _prepare_build(cpp_extension._get_build_directory(name, verbose=False), name)
-        _EXT = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
-                                  verbose=False)
-    except Exception as e:  # no compiler or ninja, a failed build: oneDNN still gives row invariance
-        _BUILD_ERROR = f"the fixed-order kernel could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
-        log.warning("specstruct: %s; using oneDNN's linear instead", _BUILD_ERROR)
-
-
-def _prepare_build(directory: str, name: str) -> None:
-    """Say so when the kernel is about to be compiled, and clear a lock left by a build that was killed (torch
-    would wait on it forever)."""
-    lock = Path(directory) / "lock"
-    try:
-        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-            lock.unlink()
-    except OSError:
-        pass
-    if not (Path(directory) / f"{name}.so").exists():
-        print("specstruct: building the fixed-order Linear kernel (once per machine, about 30 s)...", file=sys.stderr)
+        _RUNNING = None
 
 
 def why_not() -> str | None:
     """Why `kernel()` is None: the environment asked for oneDNN, or the build failed."""
     if requested_kernel() == "onednn":
         return "SPECSTRUCT_LINEAR=onednn"
-    return _BUILD_ERROR
+    return _KERNEL.error
 
 
 class PanelWeight(PackedWeight):
@@ -177,7 +127,7 @@ class PanelWeight(PackedWeight):
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [P, K, NB] panels (columns past N are zeros) on huge pages where the OS gives them: float32, or
     int8 for an int8 weight."""
-    nb = _EXT.panel_width
+    nb = built().panel_width
     w = weight.detach()
     w = w if w.dtype == torch.int8 else w.to(torch.float32)
     n, k = w.shape
@@ -196,7 +146,7 @@ def fixed_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
     rows = x.reshape(-1, x.shape[-1])
     if torch.is_grad_enabled():  # the kernel has no autograd formula: no gradient ever flows through it
         rows, bias = rows.detach(), None if bias is None else bias.detach()
-    y = _EXT.linear(rows, weight.data, weight.out_features, bias)  # built: the weight was packed for it
+    y = built().linear(rows, weight.data, weight.out_features, bias)  # built: the weight was packed for it
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -5,7 +5,7 @@ runtime says so and uses oneDNN."""
 import pytest
 import torch
 
-from specstruct.decoding import fixed_linear
+from specstruct.decoding import fixed_linear, native
 from specstruct.decoding.fixed_linear import PanelWeight, fixed_linear_forward
 from specstruct.decoding.runtime import ModelRuntime
 from specstruct.testing import tiny_model
@@ -60,8 +60,8 @@ def test_the_runtime_names_the_kernel_and_falls_back_to_onednn_where_it_cannot_b
     fixed = ModelRuntime(tiny_model(tok, seed=3))
     assert "fixed-order linear, 15 of 15 weights packed" in fixed.numerics and fixed.row_invariant
     expected = fixed.prefill(ids)
-    monkeypatch.setattr(fixed_linear, "_EXT", None)
-    monkeypatch.setattr(fixed_linear, "_BUILD_ERROR", "the fixed-order kernel could not be built (no compiler)")
+    monkeypatch.setattr(fixed_linear._KERNEL, "module", None)
+    monkeypatch.setattr(fixed_linear._KERNEL, "error", "the fixed-order kernel could not be built (no compiler)")
     fallback = ModelRuntime(tiny_model(tok, seed=3))
     assert "oneDNN linear >=2 rows (the fixed-order kernel could not be built (no compiler))" in fallback.numerics
     assert fallback.row_invariant
@@ -86,8 +86,8 @@ def test_a_failed_build_is_reported_once_and_a_stale_lock_is_cleared(tmp_path, m
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "lock").write_text("")  # a build running now: left alone
-    fixed_linear._prepare_build(str(tmp_path), "specstruct_fixed_linear_x")
-    fixed_linear._prepare_build(str(fresh), "specstruct_fixed_linear_x")
+    native.prepare_build(str(tmp_path), "specstruct_fixed_linear_x", "the fixed-order Linear kernel")
+    native.prepare_build(str(fresh), "specstruct_fixed_linear_x", "the fixed-order Linear kernel")
     assert not lock.exists() and (fresh / "lock").exists()
     assert "building the fixed-order Linear kernel" in capsys.readouterr().err
 
@@ -97,13 +97,13 @@ def test_a_failed_build_is_reported_once_and_a_stale_lock_is_cleared(tmp_path, m
         calls.append(kwargs["name"])
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(fixed_linear, "_EXT", None)
-    monkeypatch.setattr(fixed_linear, "_BUILD_ERROR", None)
+    monkeypatch.setattr(fixed_linear._KERNEL, "module", None)
+    monkeypatch.setattr(fixed_linear._KERNEL, "error", None)
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
     assert fixed_linear.kernel() is None and fixed_linear.kernel() is None and len(calls) == 1
-    assert fixed_linear.why_not() == ("the fixed-order kernel could not be built (RuntimeError: Ninja is required "
-                                      "to load C++ extensions)")
+    assert fixed_linear.why_not() == ("the fixed-order Linear kernel could not be built (RuntimeError: Ninja is "
+                                      "required to load C++ extensions)")
 
 
 def test_the_kernel_lets_other_python_threads_run():

@@ -1,0 +1,81 @@
+"""specstruct's C++ kernels (csrc/*.cpp), each built once per machine and loaded once per process.
+
+A kernel is compiled by torch.utils.cpp_extension (a C++ compiler and ninja) with -march=native into torch's
+extension cache, under a name keyed by the CPU's flags, torch's version and the source, so another machine, torch or
+source builds its own. Where it cannot be built its caller computes the same thing with torch ops, and `error`
+says why (the numerics string names what runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how every kernel is built (bench/kernel_ab too)
+_STALE_LOCK_S = 600  # a build takes ~30 s; a lock older than this belongs to a build that was killed
+
+
+def cpu_key(source: Path) -> str:
+    """What a build depends on: the CPU's flags (-march=native), torch's version, the source."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = platform.processor()
+    text = "|".join([flags, _torch_version(), source.read_text()])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def prepare_build(directory: str, name: str, what: str) -> None:
+    """Say so when a kernel is about to be compiled, and clear a lock left by a build that was killed (torch
+    would wait on it forever)."""
+    lock = Path(directory) / "lock"
+    try:
+        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+    except OSError:
+        pass
+    if not (Path(directory) / f"{name}.so").exists():
+        print(f"specstruct: building {what} (once per machine, about 30 s)...", file=sys.stderr)
+
+
+class Kernel:
+    """One C++ source: `load()` builds it on first use (once per process, whatever threads ask) and returns the
+    extension module, or None after a failed build (then `error` says why, and the build is not retried)."""
+
+    def __init__(self, stem: str, source: Path, what: str, fallback: str):
+        self.stem, self.source, self.what, self.fallback = stem, source, what, fallback
+        self.module: object | None = None
+        self.error: str | None = None
+        self._lock = threading.Lock()
+
+    def load(self):
+        with self._lock:
+            if self.module is None and self.error is None:
+                self._build()
+        return self.module
+
+    def _build(self) -> None:
+        try:
+            from torch.utils import cpp_extension
+
+            name = f"{self.stem}_{cpu_key(self.source)}"
+            prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
+            self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=CFLAGS,
+                                             extra_ldflags=LDFLAGS, verbose=False)
+        except Exception as e:  # no compiler or ninja, a failed build: the caller's torch path gives the same math
+            self.error = f"{self.what} could not be built ({type(e).__name__}: {str(e).strip()[:200]})"
+            log.warning("specstruct: %s; %s", self.error, self.fallback)
