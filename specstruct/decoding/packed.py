@@ -10,17 +10,29 @@ the pass and of how its prompt was chunked.
 
 The layout travels to the attention function in a thread-local set around the forward; a call without one (a
 plain forward of a model switched to this attention) falls back to row-wise causal attention over its inputs.
+
+The row-wise attention itself is C++ (csrc/row_attention.cpp, one call per layer, built once per machine by
+native.py) for float32 on CPU, else torch ops row by row (other dtypes and devices, no compiler, or
+SPECSTRUCT_ATTENTION=torch); each is row-invariant, and a model keeps the one it was switched to (the numerics
+string names it), so a sequence's cache is never extended by the other.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from . import native
+
 ATTN_NAME = "specstruct_rowwise"
+ATTENTIONS = ("cpp", "torch")
+_KERNEL = native.Kernel("specstruct_row_attention", Path(__file__).parent / "csrc" / "row_attention.cpp",
+                        "the row-wise attention kernel", "attention runs as torch ops, row by row")
 _local = threading.local()
 
 
@@ -55,7 +67,7 @@ class _Segment:
     size: int
 
 
-def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+def _attend_rows_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
     """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys.
 
     Every row goes through exactly these ops with shapes fixed by its own position, so its result does not
@@ -73,6 +85,25 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
     return torch.stack(rows, dim=0).reshape(lq, hkv * g, d)
 
 
+def _attend_rows_cpp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """_attend_rows_torch's computation in one C++ call (float32 CPU tensors; else the torch ops)."""
+    if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu":
+        return _KERNEL.module.attend(q, k, v, scaling)
+    return _attend_rows_torch(q, k, v, scaling)
+
+
+_ATTEND = {"cpp": _attend_rows_cpp, "torch": _attend_rows_torch}
+
+
+def attention_kernel() -> str:
+    """Which row-wise attention a model switched now gets: "cpp" where the kernel builds, unless
+    SPECSTRUCT_ATTENTION=torch (benchmarks comparing the two)."""
+    name = os.environ.get("SPECSTRUCT_ATTENTION", "cpp").strip().lower() or "cpp"
+    if name not in ATTENTIONS:
+        raise ValueError(f"SPECSTRUCT_ATTENTION={name!r} is not a row-wise attention; use one of {ATTENTIONS}")
+    return "cpp" if name == "cpp" and _KERNEL.load() is not None else "torch"
+
+
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query [1, H, N, D], key/value [1, Hkv, N, D] (this pass's tokens only) -> ([1, N, H, D], None)."""
     _, h, n, d = query.shape
@@ -80,13 +111,14 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     scaling = scaling if scaling is not None else d**-0.5
     q = query[0].reshape(hkv, h // hkv, n, d)
     layout: list[_Segment] | None = getattr(_local, "layout", None)
+    attend = _ATTEND[getattr(_local, "attention", None) or attention_kernel()]
     if layout is None:  # a plain causal forward over the given keys (no cache routing)
-        return _attend_rows(q, key[0], value[0], scaling).unsqueeze(0), None
+        return attend(q, key[0], value[0], scaling).unsqueeze(0), None
     outs = []
     for seg in layout:
         sl = slice(seg.start, seg.start + seg.size)
         k_all, v_all = seg.seq.cache.update(key[:, :, sl], value[:, :, sl], module.layer_idx)
-        outs.append(_attend_rows(q[:, :, sl], k_all[0], v_all[0], scaling))
+        outs.append(attend(q[:, :, sl], k_all[0], v_all[0], scaling))
     return torch.cat(outs, dim=0).unsqueeze(0), None
 
 
@@ -96,13 +128,17 @@ def register_attention() -> None:
     AttentionInterface.register(ATTN_NAME, packed_attention)
 
 
-def use_packed_attention(model: torch.nn.Module) -> None:
-    """Route the model's attention through `packed_attention` (idempotent)."""
+def use_packed_attention(model: torch.nn.Module) -> str:
+    """Route the model's attention through `packed_attention` (idempotent). Returns which row-wise attention
+    computes it ("cpp" or "torch"), chosen the first time and kept for the model's life."""
     register_attention()
     for sub in model.modules():  # submodules keep their own config reference in some architectures
         cfg = getattr(sub, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTN_NAME
+    if getattr(model, "_specstruct_attention", None) is None:
+        model._specstruct_attention = attention_kernel()
+    return model._specstruct_attention
 
 
 @torch.inference_mode()
@@ -126,7 +162,7 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
     if not ids:
         return [torch.empty(0) for _ in segments]
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-    _local.layout = layout
+    _local.layout, _local.attention = layout, getattr(model, "_specstruct_attention", None)
     try:
         out = model(
             input_ids=torch.tensor([ids], dtype=torch.long, device=device),
@@ -136,7 +172,7 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
             logits_to_keep=torch.tensor(rows or [0], dtype=torch.long, device=device),
         )
     finally:
-        _local.layout = None
+        _local.layout = _local.attention = None
     for seq, toks in segments:
         seq.length += len(toks)
     logits = out.logits[0].float()

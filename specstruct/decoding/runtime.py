@@ -16,7 +16,7 @@ decoding both fast and lossless there:
   state_dict / save_pretrained and load_state_dict work on a packed model (linear.PackedWeight).
 - Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
   token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
-  same pass -- share the pass, nor on how a prompt is chunked.
+  same pass -- share the pass, nor on how a prompt is chunked (in C++, csrc/row_attention.cpp, where it builds).
 
 Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, for
 architectures the row-wise attention computes exactly (`row_invariant_support`); others keep stock numerics.
@@ -93,9 +93,9 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     weights = fixed_linear.pack_panels(model) if fixed else pack_linears(model)
     if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
-    use_packed_attention(model)
+    attention = {"cpp": "C++", "torch": "torch ops"}[use_packed_attention(model)]
     linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
-    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention)"
+    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
     return model._specstruct_numerics
 
 
@@ -111,6 +111,7 @@ def restore_stock(model: torch.nn.Module) -> None:
         if getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
             cfg._attn_implementation = "sdpa"
     model.__dict__.pop("_specstruct_numerics", None)
+    model.__dict__.pop("_specstruct_attention", None)
 
 
 def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Module:
