@@ -161,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--interference-only", action="store_true", help="only that (no throughput runs)")
     ap.add_argument("--prefill-chunk", type=int, default=32,
                     help="prefill tokens per step while other rows decode: the floor of the adaptive budget")
+    ap.add_argument("--warm", action="store_true",
+                    help="every prompt already in the prefix cache on every side: the decoding that batching shares")
     ap.add_argument("--fixed-prefill", action="store_true",
                     help="exactly --prefill-chunk while rows decode (the budget before it adapted to the queue)")
     args = ap.parse_args(argv)
@@ -168,11 +170,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
     work = extraction_workloads(args.requests)
     work = (work * (args.requests // max(1, len(work)) + 1))[: args.requests]
+    # every run sends the same prompts: a cache warmed by one run would favour the later ones, so it is off, or
+    # (--warm) warmed with every prompt before any run
     reqs = requests_for(engine, work, max_new_tokens=args.max_new_tokens, enable_speculative=not args.no_spec,
-                        use_prefix_cache=False)  # every run sends the same prompts: a warm cache would favour the later
-    run_requests(engine, reqs[:1], 1)  # warm-up: measures the policy's costs, fills caches
+                        use_prefix_cache=args.warm)
+    run_requests(engine, reqs if args.warm else reqs[:1], 1)  # warm-up: measures the policy's costs, fills caches
     print(json.dumps({"model": args.model, "draft": args.draft, "numerics": engine.numerics,
-                      "speculative": not args.no_spec, "threads": args.threads}), flush=True)
+                      "speculative": not args.no_spec, "threads": args.threads, "prompts": "cached" if args.warm
+                      else "cold"}), flush=True)
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     if not args.interference_only:
         for out in measure_batch(engine, reqs, concurrencies, prefill_chunk=args.prefill_chunk,
