@@ -161,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--interference-only", action="store_true", help="only that (no throughput runs)")
     ap.add_argument("--prefill-chunk", type=int, default=32,
                     help="prefill tokens per step while other rows decode: the floor of the adaptive budget")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample (seeded by --seed) instead of greedy")
+    ap.add_argument("--seed", type=int, default=1, help="each request's seed when sampling: outputs stay comparable")
     ap.add_argument("--warm", action="store_true",
                     help="every prompt already in the prefix cache on every side: the decoding that batching shares")
     ap.add_argument("--fixed-prefill", action="store_true",
@@ -172,12 +174,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     work = (work * (args.requests // max(1, len(work)) + 1))[: args.requests]
     # every run sends the same prompts: a cache warmed by one run would favour the later ones, so it is off, or
     # (--warm) warmed with every prompt before any run
+    sampling = {"temperature": args.temperature, "seed": args.seed} if args.temperature > 0 else {}
     reqs = requests_for(engine, work, max_new_tokens=args.max_new_tokens, enable_speculative=not args.no_spec,
-                        use_prefix_cache=args.warm)
+                        use_prefix_cache=args.warm, **sampling)
     run_requests(engine, reqs if args.warm else reqs[:1], 1)  # warm-up: measures the policy's costs, fills caches
     print(json.dumps({"model": args.model, "draft": args.draft, "numerics": engine.numerics,
                       "speculative": not args.no_spec, "threads": args.threads, "prompts": "cached" if args.warm
-                      else "cold"}), flush=True)
+                      else "cold", "temperature": args.temperature}), flush=True)
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     if not args.interference_only:
         for out in measure_batch(engine, reqs, concurrencies, prefill_chunk=args.prefill_chunk,

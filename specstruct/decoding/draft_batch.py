@@ -18,9 +18,10 @@ accepts it whatever its logits (it is the only legal choice), so this is lossles
 `Job.runs` records which tokens came from the model and which were forced, for the per-drafter statistics.
 (Measured on the real pair: 0.61 -> 0.40 draft passes per output token, same outputs; docs/benchmarks.md.)
 
-With row-invariant draft numerics (float32) a row's draft is independent of the batch. An int8 draft is not
-(its activation scale is per tensor), which only matters for seeded sampling (the draft's distribution q enters
-the accept test): such rows get passes of their own, fed exactly as when decoded alone.
+With row-invariant draft numerics (float32, or weight-only int8 on the fixed-order kernel, the default) a row's
+draft is independent of the batch. torch.ao's dynamic int8 (the fallback where the kernel is not built) is not (its
+activation scale is per tensor), which only matters for seeded sampling (the draft's distribution q enters the
+accept test): with it such rows get passes of their own, fed exactly as when decoded alone.
 """
 
 from __future__ import annotations

@@ -139,6 +139,7 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
         q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
+    q._specstruct_rows_coupled = True  # a row's result depends on the other rows of its call
     return q
 
 
@@ -158,8 +159,9 @@ class ModelRuntime:
         self.device = next(model.parameters()).device
         self.vocab_size = output_rows(model)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-        # int8 dynamic quantization scales activations per tensor: rows then depend on their neighbours
-        self.row_invariant = "row-invariant" in self.numerics and not hasattr(model, "_specstruct_draft_numerics")
+        # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
+        # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
+        self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
         self.seq: KVSequence | None = None
         # decoding/kv: a prefix cache (set by the API) reused where prefill results do not depend on where a
         # cached prefix ends: row-invariant numerics (linears) and the packed row-wise attention

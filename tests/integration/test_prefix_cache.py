@@ -38,9 +38,10 @@ def _same_kv(a, b):
     return all(torch.equal(x, y) and torch.equal(p, q) for (x, p), (y, q) in zip(a, b))
 
 
-@pytest.fixture(params=["target", "draft-float32", "draft-int8"])
+@pytest.fixture(params=["target", "draft-float32", "draft-int8", "draft-int8-torchao"])
 def runtime(request, target, close_draft):
-    model = {"target": target, "draft-float32": close_draft}.get(request.param) or quantize_draft(close_draft)
+    model = ({"target": target, "draft-float32": close_draft}.get(request.param)
+             or quantize_draft(close_draft, torchao=request.param.endswith("torchao")))
     return ModelRuntime(model)
 
 
@@ -54,7 +55,7 @@ def test_cached_prefill_equals_cold_prefill_bitwise(tok, runtime, seed_with):
     runtime.prefix_cache = PrefixCache([MemoryTier(1 << 26)])
     runtime.prefill(seed)
     logits = runtime.prefill(ids)
-    if not runtime.reuses_prefixes:  # int8 draft: a row's numerics depend on its neighbours, so no reuse at all
+    if not runtime.reuses_prefixes:  # torch.ao's int8: a row's numerics depend on its neighbours, so no reuse at all
         assert runtime.cached_tokens == 0
     else:
         assert runtime.cached_tokens > 0

@@ -60,3 +60,12 @@ def test_quantize_draft_uses_the_kernel_and_keeps_torch_ao_on_request(tok):
                for p in model.parameters())  # the source model is untouched
     full, q8 = ModelRuntime(model).prefill(ids), ModelRuntime(ours).prefill(ids)
     assert torch.argmax(full) == torch.argmax(q8) and ((q8 - full).norm() / full.norm()) < 0.05
+
+
+def test_the_weight_only_draft_counts_as_row_invariant_and_torch_ao_does_not(tok):
+    """So seeded sampling rows share the batched draft passes, and the draft's prompt KV is reused from the prefix
+    cache, with the default int8 draft; torch.ao's (per-tensor activation scale) keeps both off."""
+    model = tiny_model(tok, seed=11)
+    ours, ao = ModelRuntime(quantize_draft(model)), ModelRuntime(quantize_draft(model, torchao=True))
+    assert ours.row_invariant and ours.reuses_prefixes
+    assert not ao.row_invariant and not ao.reuses_prefixes
