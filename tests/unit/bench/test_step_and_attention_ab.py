@@ -1,0 +1,29 @@
+"""The attention and decode-step A/B benchmarks' plumbing on the tiny model (the figures come from the real pair):
+both sides are timed on the same context, give the same logits to float32 precision, and the model is left as the
+engine uses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from specstruct.bench import attention_ab, step_ab
+from specstruct.decoding import packed
+from specstruct.testing import tiny_model, tiny_tokenizer
+
+
+def test_attention_ab_times_both_attentions_and_leaves_the_kernel_on():
+    if packed.attention_kernel() != "cpp":
+        pytest.skip(packed._KERNEL.error or "SPECSTRUCT_ATTENTION=torch")
+    model = tiny_model(tiny_tokenizer(), seed=0)
+    rows = attention_ab.compare(model, [1, 9], repeats=1, cache=20)
+    assert [k for k, *_ in rows] == [1, 9]
+    assert all(cpp > 0 and ops > 0 and diff < 1e-4 for _, cpp, ops, diff in rows)
+    assert model._specstruct_attention == "cpp"
+
+
+def test_step_ab_times_transformers_and_the_runtime_on_the_same_context():
+    tok = tiny_tokenizer()
+    stock, ours = tiny_model(tok, seed=0), tiny_model(tok, seed=0)
+    s, o, diff = step_ab.compare(stock, ours, cache_len=20, repeats=2)
+    assert s > 0 and o > 0 and diff < 1e-4
+    assert "row-invariant" in ours._specstruct_numerics and not getattr(stock, "_specstruct_numerics", None)
