@@ -132,13 +132,13 @@ def _check_address(host: str, port: int) -> None:
 class _AnnouncingServer:
     """uvicorn.Server that prints the URL once it listens (the real port when --port 0) and says when it stops.
     On SIGINT/SIGTERM uvicorn stops accepting, lets running requests finish for `timeout_graceful_shutdown`
-    seconds, cancels the rest (their generations stop at the next step), then re-raises the signal, so the exit
-    status says which signal stopped it."""
+    seconds, ends the rest with a 503 "shutting_down" error (an error event and [DONE] in a stream; GracefulServer)
+    and cancels their generations, then re-raises the signal, so the exit status says which signal stopped it."""
 
     def __new__(cls, config: Any, name: str, keyed: bool) -> Any:
-        import uvicorn
+        from specstruct.serving.openai.graceful import GracefulServer
 
-        class Server(uvicorn.Server):
+        class Server(GracefulServer):
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
                 if self.started:

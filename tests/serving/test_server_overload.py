@@ -101,3 +101,38 @@ def test_a_request_cut_by_server_shutdown_gets_a_503_in_openais_shape(monkeypatc
     engine.close()
     (resp,) = got
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "shutting_down"
+
+
+def test_a_stream_cut_by_server_shutdown_ends_with_an_error_the_openai_client_raises(monkeypatch):
+    """uvicorn cancels streams still running past its graceful timeout: the connection closed mid-body, no error event
+    and no [DONE], and the client saw a transport error (an incomplete chunked read) that does not say why.
+    GracefulServer (what `specstruct serve` runs) ends them first: an error event naming the shutdown, then [DONE]."""
+    import threading
+
+    import openai
+    import uvicorn
+
+    from specstruct.serving.openai.graceful import GracefulServer
+    from specstruct.testing import slow_steps
+
+    tok = tiny_tokenizer()
+    engine = ss.SpecStruct(tiny_model(tok, hidden=16, layers=1), tok, model_name=MODEL)
+    slow_steps(monkeypatch, 0.05)
+    server = GracefulServer(uvicorn.Config(create_app(engine, served_model_name=MODEL), host="127.0.0.1", port=0,
+                                           log_level="critical", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1",
+                           api_key="none", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
+                                            max_tokens=400, extra_body={"structured_outputs": {"regex": "[ab]{400}"}})
+    text = []
+    threading.Timer(0.8, lambda: setattr(server, "should_exit", True)).start()
+    with pytest.raises(openai.APIError, match="shutting down"):
+        for chunk in stream:
+            text.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+    thread.join(30)
+    engine.close()
+    assert not thread.is_alive() and 0 < len("".join(text)) < 400

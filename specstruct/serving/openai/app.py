@@ -41,6 +41,7 @@ class _Server:
         self.engine, self.name, self.api_key, self.limits = engine, name, api_key, limits
         self.metrics, self.admission = Metrics(), Admission(limits)
         self.live: set[threading.Event] = set()
+        self.stopping = asyncio.Event()  # set when the server shuts down: live requests end with a 503 error
 
     # -- one request ------------------------------------------------------------------------------------
     async def handle(self, request: Request, chat: bool) -> Response:
@@ -94,7 +95,7 @@ class _Server:
     async def _run(self, call: EngineCall, cancel: threading.Event, asm: Assembler, sink: list) -> None:
         """Feed every chunk of the call through `asm` into `sink` (deltas), then its last deltas."""
         cut = None
-        source = chunks(self.engine, call, self.limits, cancel)
+        source = chunks(self.engine, call, self.limits, cancel, self.stopping)
         try:
             async for chunk in source:
                 sink.extend(asm.feed(chunk))
@@ -126,7 +127,7 @@ class _Server:
     async def _sse(self, call: EngineCall, shape: Shape, endpoint: str, started: float):
         cancel, asm, status = threading.Event(), Assembler(self.engine.tokenizer, call), 200
         self.live.add(cancel)
-        source = chunks(self.engine, call, self.limits, cancel)
+        source = chunks(self.engine, call, self.limits, cancel, self.stopping)
         first = True
         try:
             if shape.chat:
@@ -165,6 +166,12 @@ class _Server:
     def cancel_all(self) -> None:
         for flag in list(self.live):
             flag.set()
+
+    def stop_requests(self) -> None:
+        """End every live request now, in OpenAI's shape: a 503 `shutting_down` error (an error event then [DONE] in a
+        stream), their generations cancelled (GracefulServer calls this just before its graceful timeout)."""
+        self.stopping.set()
+        self.cancel_all()
 
 
 def create_app(engine: Any, *, served_model_name: str, api_key: str | None = None,

@@ -77,27 +77,44 @@ async def _thread_stream(engine: Any, call: EngineCall, cancel: threading.Event)
         yield item
 
 
-async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: threading.Event) -> AsyncIterator[Any]:
+async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: threading.Event,
+                 stopping: asyncio.Event | None = None) -> AsyncIterator[Any]:
     """The call's `ss.Chunk`s; engine errors surface as the original exceptions (IncompleteOutputError included).
-    Past `limits.request_timeout_s` raises APIError(504). Closing this generator cancels the generation."""
+    Past `limits.request_timeout_s` raises APIError(504); once `stopping` is set (the server is shutting down),
+    APIError(503). Closing this generator cancels the generation."""
     astream = getattr(engine, "astream", None)
     source = (astream(call.prompt, call.output_type, tools=call.tools, **call.kwargs) if astream is not None
               else _thread_stream(engine, call, cancel))
     deadline = loop_time() + limits.request_timeout_s
+    stop = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+    step = None
     try:
         while True:
-            try:
-                chunk = await asyncio.wait_for(source.__anext__(), max(0.0, deadline - loop_time()))
-            except StopAsyncIteration:
-                return
-            except asyncio.TimeoutError:
+            step = asyncio.ensure_future(source.__anext__())
+            waits = {step} if stop is None else {step, stop}
+            await asyncio.wait(waits, timeout=max(0.0, deadline - loop_time()), return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()  # the generation stops (GeneratorExit / cancellation inside the engine's stream)
+                await asyncio.gather(step, return_exceptions=True)
+                if stop is not None and stop.done():
+                    raise APIError(503, "this server is shutting down and stopped the generation; retry (another "
+                                        "replica may serve it)", type="server_error", code="shutting_down")
                 raise APIError(504, f"the request ran past this server's timeout of {limits.request_timeout_s:g} s "
                                     "and was cancelled; ask for fewer tokens", type="timeout_error",
-                               code="timeout", headers=NO_RETRY) from None  # a retry would run it as long again
+                               code="timeout", headers=NO_RETRY)  # a retry would run it as long again
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                return
             yield chunk
     finally:
+        if stop is not None:
+            stop.cancel()
         cancel.set()
-        await source.aclose()
+        if step is not None and not step.done():  # we were cancelled (the client left) while the source ran:
+            step.cancel()  # it unwinds in its own task, closing the source; aclose now would find it running
+        else:
+            await source.aclose()
 
 
 def loop_time() -> float:
