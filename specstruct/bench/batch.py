@@ -163,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="prefill tokens per step while other rows decode: the floor of the adaptive budget")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample (seeded by --seed) instead of greedy")
     ap.add_argument("--seed", type=int, default=1, help="each request's seed when sampling: outputs stay comparable")
+    ap.add_argument("--rows-alone", action="store_true",
+                    help="treat the draft as not row-invariant (as torch.ao's int8 is): seeded rows draft in passes "
+                         "of their own and reuse no cached draft prompt (the rule for every int8 draft before ce7c67b)")
     ap.add_argument("--warm", action="store_true",
                     help="every prompt already in the prefix cache on every side: the decoding that batching shares")
     ap.add_argument("--fixed-prefill", action="store_true",
@@ -170,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
+    drafter = engine.engine.drafters.get("model")
+    if args.rows_alone and drafter is not None:
+        drafter.runtime.row_invariant = drafter.runtime.reuses_prefixes = False
     work = extraction_workloads(args.requests)
     work = (work * (args.requests // max(1, len(work)) + 1))[: args.requests]
     # every run sends the same prompts: a cache warmed by one run would favour the later ones, so it is off, or
