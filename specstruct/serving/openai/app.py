@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specstruct.errors import IncompleteOutputError
 
 from .assemble import Assembler
-from .errors import APIError, from_exception
+from .errors import APIError, from_exception, shutting_down
 from .guard import Admission, authorize, parse, read_json
 from .limits import ServerLimits
 from .metrics import Metrics
@@ -80,8 +80,7 @@ class _Server:
             return err.response()
         except asyncio.CancelledError:  # the server shutting down (past its graceful timeout) cancels the request:
             status = 503  # say so in OpenAI's shape, retryable elsewhere, rather than uvicorn's plain-text 500
-            return APIError(503, "this server is shutting down and cancelled the request; retry (another replica "
-                            "may serve it)", type="server_error", code="shutting_down").response()
+            return shutting_down().response()
         finally:
             if not streaming:
                 self._done(admitted, endpoint, status, started)

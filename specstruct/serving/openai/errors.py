@@ -36,6 +36,12 @@ def overloaded(retry_after_s: float, message: str | None = None) -> APIError:
                     type="rate_limit_error", code="overloaded", headers={"Retry-After": str(seconds)})
 
 
+def shutting_down() -> APIError:
+    """A request the server ended because it is shutting down: retryable, elsewhere."""
+    return APIError(503, "this server is shutting down and cancelled the request; retry (another replica may serve "
+                    "it)", type="server_error", code="shutting_down")
+
+
 NO_RETRY = {"x-should-retry": "false"}  # the openai SDK retries 5xx unless told not to (its own header)
 
 

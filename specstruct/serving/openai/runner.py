@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from .errors import NO_RETRY, APIError, bad_request, from_exception
+from .errors import NO_RETRY, APIError, bad_request, from_exception, shutting_down
 from .limits import ServerLimits
 from .translate import EngineCall
 
@@ -97,8 +97,7 @@ async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: th
                 step.cancel()  # the generation stops (GeneratorExit / cancellation inside the engine's stream)
                 await asyncio.gather(step, return_exceptions=True)
                 if stop is not None and stop.done():
-                    raise APIError(503, "this server is shutting down and stopped the generation; retry (another "
-                                        "replica may serve it)", type="server_error", code="shutting_down")
+                    raise shutting_down()
                 raise APIError(504, f"the request ran past this server's timeout of {limits.request_timeout_s:g} s "
                                     "and was cancelled; ask for fewer tokens", type="timeout_error",
                                code="timeout", headers=NO_RETRY)  # a retry would run it as long again
