@@ -6,8 +6,8 @@ small-batch kernel is slower than MKL's one-row GEMV: the one-token step cost ~1
 computed as it would be among any others with no padding, and it streams the weights once per call like a
 GEMV, so 1-9 rows cost about what one does.
 
-It is C++ built once per machine (native.py: torch.utils.cpp_extension, a C++ compiler and ninja; -march=native, so the
-build is keyed by the CPU's flags) into torch's extension cache. Where it cannot be built, or with
+It is C++ built once per machine (native.py: torch.utils.cpp_extension, a C++ compiler and ninja; -march=native,
+so the build is keyed by the CPU's flags) into torch's extension cache. Where it cannot be built, or with
 SPECSTRUCT_LINEAR=onednn, the runtime uses oneDNN instead (`kernel()` says why); the numerics string names the
 kernel in use. A model's Linear weights are packed once into the kernel's panels ([P, K, NB]: NB output
 columns per panel, zero-padded), replacing the plain ones (`PanelWeight`, which keeps the plain shape and
@@ -73,14 +73,14 @@ def running(ext):
     """Packed weights computed by another build of this kernel inside the block (bench/kernel_ab compares two
     versions of the source on the same panels; both must pack the same panel width), then by this one again."""
     global _RUNNING
-    ours = built()
+    ours, before = built(), _RUNNING
     if ext.panel_width != ours.panel_width:
         raise ValueError(f"the other kernel packs {ext.panel_width}-column panels, this one {ours.panel_width}")
     _RUNNING = ext
     try:
         yield
     finally:
-        _RUNNING = None
+        _RUNNING = before
 
 
 def why_not() -> str | None:

@@ -2,9 +2,9 @@
 
 On SIGINT / SIGTERM uvicorn stops accepting, waits `timeout_graceful_shutdown` seconds for running requests, then
 cancels what is left: a response still streaming then loses its connection mid-body (no error event, no [DONE];
-the client sees an incomplete chunked read that does not say why). This server asks the app (`create_app`'s state) to end them itself
-STOP_MARGIN_S before that: a stream gets an error event (503, code "shutting_down", retry elsewhere) and [DONE],
-a plain request a 503, and every generation is cancelled. `specstruct serve` runs it; so can anyone:
+the client sees an incomplete chunked read that does not say why). This server asks the app (`create_app`'s
+state) to end them itself STOP_MARGIN_S before that: a stream gets an error event (503, code "shutting_down", retry
+elsewhere) and [DONE], a plain request a 503, and every generation is cancelled. `specstruct serve` runs it; so can anyone:
 
     GracefulServer(uvicorn.Config(app, timeout_graceful_shutdown=30)).run()
 """
