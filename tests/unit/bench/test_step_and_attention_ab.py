@@ -27,3 +27,16 @@ def test_step_ab_times_transformers_and_the_runtime_on_the_same_context():
     s, o, diff = step_ab.compare(stock, ours, cache_len=20, repeats=2)
     assert s > 0 and o > 0 and diff < 1e-4
     assert "row-invariant" in ours._specstruct_numerics and not getattr(stock, "_specstruct_numerics", None)
+
+
+def test_step_breakdown_times_the_parts_and_puts_the_model_back():
+    from specstruct.bench import step_breakdown
+    from specstruct.decoding.runtime import ModelRuntime
+
+    model = tiny_model(tiny_tokenizer(), seed=0)
+    ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does
+    forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    parts = step_breakdown.breakdown(model, cache=20, repeats=3)
+    assert parts["step"] > 0 and {"linear layers", "lm head", "attention", "kv cache update", "rmsnorm"} <= set(parts)
+    assert all(v >= 0 for k, v in parts.items() if k != "other small ops and Python")
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
