@@ -124,7 +124,10 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
               v_in.size(1) == Lk && Lk >= Lq, "attend: shapes do not match");
   // [Lq, H, G, D], each row's queries times `scaling` (as transformers' eager attention does before q.k)
   const auto q = (q_in.permute({2, 0, 1, 3}) * scaling).contiguous();
-  const auto k = k_in.contiguous(), v = v_in.contiguous();
+  // keys / values may be views of a longer buffer (the KV cache grows in place): rows of D floats, any head stride
+  auto rows_of_d = [D](const torch::Tensor& t) { return t.stride(2) == 1 && t.stride(1) == D ? t : t.contiguous(); };
+  const auto k = rows_of_d(k_in), v = rows_of_d(v_in);
+  const int64_t ks = k.stride(0), vs = v.stride(0);
   auto out = torch::empty({Lq, H * G, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
@@ -135,7 +138,7 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i = t / H, h = t % H, seen = Lk - Lq + i + 1;
       const float* qt = qp + t * G * D;
-      const float *kh = kp + h * Lk * D, *vh = vp + h * Lk * D;
+      const float *kh = kp + h * ks, *vh = vp + h * vs;
       float* ot = op + t * G * D;
       switch (D) {  // the usual head sizes, in registers; any other, one float at a time
         case 16: one_row<1>(qt, kh, vh, ot, G, seen, p.data()); break;
