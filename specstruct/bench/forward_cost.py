@@ -2,10 +2,11 @@
 with each of its Linear kernels (the fixed-order one, the default, and oneDNN's).
 
     python -m specstruct.bench.forward_cost [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--repeats 5] [--profile 1]
-                                            [--prefill 380]
+                                            [--prefill 380] [--ks 1,2,4,8,9] [--cache 200]
 
-Prints, per model and numerics, the median milliseconds of a pass of k = 1, 2, 4, 8, 9 tokens on a 200-token cache
-and v(k) = T(k) / T(1): the verification cost that decides whether speculation can pay. Draft models (every model
+Prints, per model and numerics, the median milliseconds of a pass of k = 1, 2, 4, 8, 9 tokens (`--ks`) on a
+200-token cache (`--cache`) and v(k) = T(k) / T(1) for the largest k: the verification cost that decides whether
+speculation can pay (`--ks 1,9,18,36,56,72`: the passes of 8 concurrent speculating requests). Draft models (every model
 after the first) are also timed in the dynamic int8 numerics specstruct gives drafts by default, and the
 draft/target cost ratio c is printed for both. `--profile K` adds, per model and numerics, the ops that take the
 most time in a pass of K tokens, by input shape (which Linear is which): where the one-token step goes.
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--ks", default=",".join(map(str, KS)), help="new tokens per pass, comma-separated (the batched "
+                    "passes of 8 concurrent requests: 1,9,18,36,56,72)")
+    ap.add_argument("--cache", type=int, default=200, help="tokens already in the cache")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile passes of K tokens (K must be one of 1, 2, 4, 8, 9): the ops taking the most "
                          "time, by input shape, for each model and numerics")
@@ -127,18 +131,22 @@ def main(argv: list[str] | None = None) -> None:
                     help="also time a cold prefill of N tokens on the first model: stock one block vs the "
                          "row-invariant runtime in 256- and 32-token chunks")
     args = ap.parse_args(argv)
-    if args.profile and args.profile not in KS:
-        ap.error(f"--profile takes one of {KS}")
-    ks = tuple(k for k in KS if k != args.profile) + ((args.profile,) if args.profile else ())
+    columns = tuple(int(k) for k in args.ks.split(","))
+    if 1 not in columns:
+        ap.error("--ks must include 1 (the one-token cost every ratio is taken against)")
+    if args.profile and args.profile not in columns:
+        ap.error(f"--profile takes one of {columns}")
+    ks = tuple(k for k in columns if k != args.profile) + ((args.profile,) if args.profile else ())
     if args.threads:
         torch.set_num_threads(args.threads)
-    table = Table(title=f"one pass of k new tokens on a 200-token cache (median of {args.repeats}, ms), "
+    table = Table(title=f"one pass of k new tokens on a {args.cache}-token cache (median of {args.repeats}, ms), "
                         f"{torch.get_num_threads()} threads")
     table.add_column("model")
     table.add_column("numerics")
-    for k in KS:
+    for k in columns:
         table.add_column(f"k={k}", justify="right")
-    table.add_column("v(8)=T(8)/T(1)", justify="right")
+    top = max(columns)
+    table.add_column(f"v({top})=T({top})/T(1)", justify="right")
     one_token: dict[tuple[str, str], float] = {}
     names = args.models.split(",")
     console, profiles = Console(), []
@@ -151,9 +159,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{how} {t:.2f} ({t / base:.2f}x)" for how, t in cost.items()))
         for numerics in [n for n in NUMERICS if i or n not in DRAFT_ONLY]:
             rows: list | None = [] if args.profile else None
-            t = measure(model, numerics, repeats=args.repeats, ks=ks, profile=rows)
+            t = measure(model, numerics, cache_len=args.cache, repeats=args.repeats, ks=ks, profile=rows)
             one_token[(name, numerics)] = t[1]
-            table.add_row(name, numerics, *[f"{t[k] * 1000:.0f}" for k in KS], f"{t[8] / t[1]:.2f}")
+            table.add_row(name, numerics, *[f"{t[k] * 1000:.0f}" for k in columns], f"{t[top] / t[1]:.2f}")
             if rows:
                 profiles.append((f"{name}, {numerics}, k={args.profile}", rows))
         del model
