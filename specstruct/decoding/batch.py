@@ -94,10 +94,10 @@ class BatchDecoder:
         rt = self.engine.target
         cache = getattr(rt, "prefix_cache", None)
         if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
-            cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.layers())
+            cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.views())
         d = row.draft_kv
         if d is not None and d.tokens == row.prompt and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
-            self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.layers())
+            self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
 
     def remove(self, row: Row) -> None:
         """Cancel (or forget a finished) row: frees its KV caches and constraint state."""

@@ -143,6 +143,12 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
     return q
 
 
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name under which `model.forward` takes its KV cache: `cache` from transformers 5.2x, `past_key_values`
+    before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 PREFILL_CHUNK = 32  # single-sequence prefill chunk (results do not depend on it: row-wise attention)
 
 
@@ -168,8 +174,7 @@ class ModelRuntime:
         self.prefix_cache, self.cache_key, self.cached_tokens = None, (id(model), self.numerics), 0
         self.reuses_prefixes = self.row_invariant and self.packed
         self.prefill_chunk = PREFILL_CHUNK
-        params = inspect.signature(model.forward).parameters  # transformers >= 5.2x: `cache`, before: past_key_values
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_kwarg(model)
 
     # -- many sequences -------------------------------------------------------------------------------------
     def sequence(self, layers: list | None = None, length: int = 0) -> KVSequence:
@@ -214,7 +219,8 @@ class ModelRuntime:
         self.seq = self.sequence(layers, length)
 
     def kv_layers(self) -> list:
-        return self.seq.layers()
+        """The default sequence's KV as views (KVSequence.views): copy what you keep."""
+        return self.seq.views()
 
     def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         """Append tokens; returns their logits, shape [len(ids), vocab] (float32); [1, vocab] with `last_only`."""

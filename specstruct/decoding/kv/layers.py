@@ -1,8 +1,9 @@
 """A sequence's KV as plain tensors: per layer a (key, value) pair of shape [1, kv_heads, length, head_dim], which is
 what a transformers DynamicCache layer holds. Everything in decoding/kv stores and returns this form only.
 
-Sharing rule: a sequence's cache grows in place and overwrites what a crop dropped (packed.KVSequence), so what it
-hands out (`KVSequence.layers()`) are copies; this package likewise never hands out a tensor it keeps: it stores
+Sharing rule: a sequence's cache grows in place and overwrites what a crop dropped (packed.KVSequence), so its
+`views()` are copied at once by whoever receives them (the prefix cache's insert spans them) and what is kept
+(a paused row's KV) is `layers()`, copies; this package likewise never hands out a tensor it keeps: it stores
 copies and returns fresh concatenations (see test_kv_layers.py)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class PrefillTarget(Protocol):
 
     def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor: ...
 
-    def kv_layers(self) -> KVLayers: ...
+    def kv_layers(self) -> KVLayers: ...  # views, valid until the sequence changes: insert copies them
 
 
 def chunked_extend(target: PrefillTarget, ids: Sequence[int], start: int, chunk: int) -> torch.Tensor:
