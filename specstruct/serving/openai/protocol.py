@@ -74,6 +74,8 @@ class _Sampling(_Open):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's per-tenant prefix-cache key: requests share cached prompt blocks only with the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024, strict=True)
 
     def stop_list(self) -> list[str] | None:
         return [self.stop] if isinstance(self.stop, str) else (self.stop or None)

@@ -172,8 +172,10 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
         raise bad_request('tool_choice "required" needs at least one tool, but the request has none', "tool_choice")
     elif tool_choice not in (None, "none", "auto"):
         raise bad_request("tool_choice names a tool but the request has no tools", "tool_choice")
+    # stop applies with a constraint too, as OpenAI: an output it cuts short is reported cut. cache_salt: a tenant
+    # shares cached prompt blocks only with requests of its own salt (no cached_tokens side channel across tenants)
     kwargs = dict(max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                  stop=req.stop_list())  # with a constraint too, as OpenAI: an output it cuts short is reported cut
+                  stop=req.stop_list(), cache_salt=req.cache_salt)
     return EngineCall(chat_messages(req.messages), output_type, tools, kwargs, param, mode,
                       fit_default=(req.max_completion_tokens or req.max_tokens) is None)
 
@@ -193,6 +195,6 @@ def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
     output_type, mode, param = structured_output_type(req.response_format, structured_extra(req),
                                                     guided=not req.structured_outputs)
     kwargs = dict(max_new_tokens=_max_tokens(req.max_tokens, limits, "max_tokens"), temperature=req.temperature,
-                  top_p=req.top_p, seed=req.seed, stop=req.stop_list())
+                  top_p=req.top_p, seed=req.seed, stop=req.stop_list(), cache_salt=req.cache_salt)
     return EngineCall(ss.RawPrompt(prompt), output_type, None, kwargs, param, mode,  # continued as written
                       fit_default=req.max_tokens is None)  # "max_tokens": null: what the window leaves
