@@ -6,6 +6,9 @@ it starts in a fraction of a second. Messages on stdin/stdout are 8-byte big-end
     request  ("vocab", key, eos_id, {bytes: [ids]})  -> ("ok", None)
     request  ("index", key, regex)                  -> ("ok", index_bytes) | ("error", message)
 
+index_bytes are outlines_core's own serialisation (`Index.from_binary` reads them back without unpickling), which is
+what the disk cache stores.
+
 A compile that runs out of memory either raises MemoryError (answered as an error) or aborts the process,
 which the parent sees as a closed pipe.
 """
@@ -59,7 +62,7 @@ def main() -> None:
             else:
                 _, key, regex = msg
                 index = Index(regex, vocabs[key])
-                _write(out, ("ok", pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)))  # public pickling
+                _write(out, ("ok", bytes(index.__reduce__()[1][0])))  # (Index.from_binary, (bytes,))
         except MemoryError:
             _write(out, ("memory", "MemoryError"))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises ConstraintError

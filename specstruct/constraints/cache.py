@@ -1,13 +1,29 @@
 """Where compiled constraints and token tables are cached on disk (atomic writes, pruned to a size), and the
-byte-bounded LRU that holds compiled constraints in memory."""
+byte-bounded LRU that holds compiled constraints in memory.
+
+Nothing read back from disk is unpickled: an entry is raw bytes behind a header (magic, format version, kind, length,
+SHA-256 of the payload; `seal` / `read_entry`), decoded by its owner without running code (outlines_core's
+`Index.from_binary`, JSON). A file that is not such an entry, of another kind or version, truncated or altered, is
+deleted, logged once per kind, and rebuilt by the caller."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+log = logging.getLogger("specstruct.cache")
+
+MAGIC = b"SPECSTRUCT-CACHE"
+ENTRY_FORMAT = 1
+_HEADER = struct.Struct(">16sH16sQ32s")  # magic, format, kind (NUL-padded), payload length, sha256(payload)
+_WARNED: set[str] = set()
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -23,6 +39,59 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def seal(kind: str, payload: bytes) -> bytes:
+    """`payload` as a cache entry of `kind` (at most 16 ASCII characters): header + payload."""
+    return _HEADER.pack(MAGIC, ENTRY_FORMAT, kind.encode("ascii"), len(payload),
+                        hashlib.sha256(payload).digest()) + payload
+
+
+def unseal(kind: str, data: bytes) -> bytes:
+    """The payload of an entry `seal(kind, ...)` wrote; ValueError saying what is wrong otherwise."""
+    if len(data) < _HEADER.size:
+        raise ValueError("shorter than the entry header")
+    magic, fmt, stored_kind, length, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not a specstruct cache entry (a file of another program, or an old pickle)")
+    stored_kind = stored_kind.rstrip(b"\0").decode("ascii", "replace")
+    if fmt != ENTRY_FORMAT or stored_kind != kind:
+        raise ValueError(f"an entry of format {fmt} kind {stored_kind!r}, not {ENTRY_FORMAT} {kind!r}")
+    payload = data[_HEADER.size:]
+    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+        raise ValueError("truncated or altered (length or checksum mismatch)")
+    return payload
+
+
+def read_entry(path: Path, kind: str, decode: Callable[[bytes], T]) -> tuple[T, int] | None:
+    """(decode(payload), file size) of the cache entry at `path`, or None when there is none. An entry that does not
+    check out or decode (foreign, stale, corrupt) is deleted and logged (once per kind): the caller rebuilds it."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        value = decode(unseal(kind, data))
+    except Exception as exc:  # noqa: BLE001 - any bad entry is discarded and rebuilt, never fatal
+        discard(path, kind, exc)
+        return None
+    try:
+        os.utime(path)  # recently used: pruned last
+    except OSError:
+        pass
+    return value, len(data)
+
+
+def discard(path: Path, kind: str, why: BaseException) -> None:
+    """Delete a bad cache entry, saying so once per kind per process."""
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        log.warning("specstruct: discarded the %s cache entry %s (%s: %s); it is rebuilt (further bad entries of "
+                    "this kind are discarded silently)", kind, path, type(why).__name__, why)
+    try:
+        path.unlink(missing_ok=True)
     except OSError:
         pass
 

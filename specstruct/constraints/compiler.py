@@ -21,13 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import re
 from importlib.metadata import version
 from pathlib import Path
 from typing import Sequence
 
-from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, write_atomic
+from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, read_entry, seal, write_atomic
 from specstruct.constraints.grammar_probe import probe
 from specstruct.constraints.isolate import build_index_bytes
 from specstruct.constraints.json_llguidance import check_support, compile_json, parse_schema
@@ -42,7 +41,7 @@ from specstruct.constraints.token_table import TokenTable, token_table
 __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
 
-_FORMAT_VERSION = "3"  # 3: pickled Index, keyed by the outlines_core version too
+_FORMAT_VERSION = "4"  # 4: Index.from_binary bytes in a checked entry (never unpickled), keyed by outlines_core
 OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
 _VERBOSE = re.compile(r"\(\?[a-zA-Z]*x[a-zA-Z]*\)")  # a leading flag group that turns on verbose mode
 _NUL_ESCAPE = re.compile(r"\\(x00|x\{0+\}|0|u0000|U00000000)")
@@ -217,14 +216,12 @@ def _outlines_json_regex(source: str) -> str:
 def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
     """The outlines_core Index of `regex` and its size in bytes, from the disk cache when possible, else
     built in the bounded compile worker (isolate.py)."""
+    from outlines_core import Index
+
     path = index_path(regex, table)
-    if path.exists():
-        try:
-            data = path.read_bytes()
-            os.utime(path)  # recently used: pruned last
-            return pickle.loads(data), len(data)
-        except Exception:  # a corrupt or stale entry: rebuild it
-            path.unlink(missing_ok=True)
+    hit = read_entry(path, "outlines-index", Index.from_binary)  # a bad entry is discarded: rebuilt below
+    if hit is not None:
+        return hit
     what = "the JSON schema" if spec.kind == "json" else f"the {spec.kind} constraint"
     try:
         data = build_index_bytes(f"(?:{regex})\\x00", table, what)
@@ -232,9 +229,9 @@ def _index(regex: str, table: TokenTable, spec: ConstraintSpec):
         raise
     except ValueError as e:
         raise _regex_error(regex, spec, str(e)) from e
-    write_atomic(path, data)
+    write_atomic(path, seal("outlines-index", data))
     prune_disk(cache_dir(), limits().disk_cache_mb << 20)
-    return pickle.loads(data), len(data)
+    return Index.from_binary(data), len(data)
 
 
 def index_path(regex: str, table: TokenTable) -> Path:

@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import re
 import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from specstruct.constraints.cache import cache_dir, write_atomic
+from specstruct.constraints.cache import cache_dir, read_entry, seal, write_atomic
 
 TERMINATOR, TERMINATOR_ID = b"\x00", 2**31 - 1  # an id no real vocabulary reaches
 _FORMAT = "3"  # 3: GGUF padding pieces are special
@@ -86,22 +85,39 @@ def token_table(tokenizer) -> TokenTable:
     except (KeyError, TypeError):
         pass
     key = fingerprint(tokenizer)
-    path = cache_dir() / key / "table.pkl"
-    table = None
-    if path.exists():
-        try:
-            table = pickle.loads(path.read_bytes())
-        except Exception:
-            path.unlink(missing_ok=True)
+    path = cache_dir() / key / "table.bin"
+    hit = read_entry(path, "token-table", lambda payload: _decode(payload, key))  # a bad entry is rebuilt
+    table = hit[0] if hit is not None else None
     if table is None:
         table = build_table(tokenizer, key)
-        table.vocabulary()
-        write_atomic(path, pickle.dumps(table))
+        write_atomic(path, seal("token-table", _encode(table)))
     try:
         _MEMO[tokenizer] = table
     except TypeError:
         pass
     return table
+
+
+def _encode(table: TokenTable) -> bytes:
+    """The table as JSON (sizes, ids) + its token bytes end to end: data only, read back by `_decode`."""
+    lengths = [-1 if b is None else len(b) for b in table.token_bytes]
+    meta = json.dumps({"key": table.key, "n_real": table.n_real, "eos_id": table.eos_id,
+                       "special": sorted(table.special), "lengths": lengths}).encode()
+    return meta + b"\n" + b"".join(b for b in table.token_bytes if b)
+
+
+def _decode(payload: bytes, key: str) -> TokenTable:
+    meta_text, _, blob = payload.partition(b"\n")
+    meta = json.loads(meta_text)
+    if meta["key"] != key or len(meta["lengths"]) != meta["n_real"]:
+        raise ValueError("a table of another tokenizer")
+    token_bytes, at = [], 0
+    for n in meta["lengths"]:
+        token_bytes.append(None if n < 0 else bytes(blob[at:at + n]))
+        at += max(n, 0)
+    if at != len(blob):
+        raise ValueError("token bytes do not add up")
+    return _assemble(key, meta["n_real"], int(meta["eos_id"]), token_bytes, {int(i) for i in meta["special"]})
 
 
 def fingerprint(tokenizer) -> str:
@@ -145,6 +161,14 @@ def build_table(tokenizer, key: str = "") -> TokenTable:
             token_bytes.append(bytes([int(m.group(1), 16)]))
         else:
             token_bytes.append(piece.replace("\u2581", " ").encode("utf-8"))
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token before compiling constraints")
+    return _assemble(key or fingerprint(tokenizer), n_real, int(eos), token_bytes, special)
+
+
+def _assemble(key: str, n_real: int, eos: int, token_bytes: list[bytes | None], special: set[int]) -> TokenTable:
+    """The table from its stored parts (the rest is derived)."""
     first = np.full(n_real, -1, dtype=np.int16)
     byte_token: dict[int, int] = {}
     for i, b in enumerate(token_bytes):
@@ -152,10 +176,7 @@ def build_table(tokenizer, key: str = "") -> TokenTable:
             first[i] = b[0]
             if len(b) == 1:
                 byte_token.setdefault(b[0], i)
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token before compiling constraints")
-    return TokenTable(key=key or fingerprint(tokenizer), n_real=n_real, eos_id=int(eos), token_bytes=token_bytes,
+    return TokenTable(key=key, n_real=n_real, eos_id=int(eos), token_bytes=token_bytes,
                       special=frozenset(special | {int(eos)}), eos_like=np.array(sorted(special | {int(eos)})),
                       first_byte=first, byte_token=byte_token)
 

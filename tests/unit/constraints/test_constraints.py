@@ -311,7 +311,7 @@ def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
     schema = {"type": "object", "properties": {"zz": {"type": "boolean"}}, "required": ["zz"]}
     first = outlines(tok, schema)
     files = list((tmp_path / "constraints").rglob("*.index"))
-    assert len(files) == 1 and list((tmp_path / "constraints").rglob("table.pkl"))
+    assert len(files) == 1 and list((tmp_path / "constraints").rglob("table.bin"))
     monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
     second = outlines(tok, schema)  # loaded from disk

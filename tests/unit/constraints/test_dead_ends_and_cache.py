@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 
 import specstruct as ss
@@ -55,11 +53,15 @@ def test_the_disk_cache_is_keyed_by_the_outlines_core_version(monkeypatch, tmp_p
     assert compiler.index_path("x[0-9]+", table) != first
 
 
-def test_the_disk_cache_holds_a_pickled_index(monkeypatch, tmp_path):  # defect 7: public pickling, no __reduce__
+def test_the_disk_cache_holds_the_index_binary(monkeypatch, tmp_path):  # outlines_core's own format, never a pickle
+    from outlines_core import Index
+
+    from specstruct.constraints.cache import unseal
+
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
     table = compiler.token_table(tiny_tokenizer())
     spec = ConstraintSpec("regex", "y[a-c]{2}", "regex")
     built, _ = compiler._index("y[a-c]{2}", table, spec)
-    stored = pickle.loads(compiler.index_path("y[a-c]{2}", table).read_bytes())
+    stored = Index.from_binary(unseal("outlines-index", compiler.index_path("y[a-c]{2}", table).read_bytes()))
     assert stored.get_final_states() == built.get_final_states()
     assert compiler._index("y[a-c]{2}", table, spec)[0].get_initial_state() == built.get_initial_state()
