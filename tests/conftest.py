@@ -15,6 +15,9 @@ sys.path.insert(0, str(ROOT))
 # makes them 10-30x slower under load. Real-model tests set their own thread count.
 torch.set_num_threads(1)
 os.environ.setdefault("SPECSTRUCT_CACHE", str(ROOT / ".pytest_cache" / "specstruct"))
+# The tests read only the schema subset shipped with them (tests/data/jsonschemabench/SOURCE.md), never a corpus
+# outside the repository: the same files on every machine, so the samples and floors mean the same everywhere.
+os.environ["SPECSTRUCT_JSONSCHEMABENCH"] = str(ROOT / "tests" / "data" / "jsonschemabench")
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,9 @@ import jsonschema
 import pytest
 
 import specstruct as ss
-from specstruct.bench.conformance import corpus_dir, corpus_files
+from specstruct.bench.conformance import corpus_files
 from specstruct.testing import tiny_model
 
-pytestmark = pytest.mark.skipif(corpus_dir() is None, reason="JSONSchemaBench corpus not found (../shared/data)")
 SAMPLE = 60
 
 
