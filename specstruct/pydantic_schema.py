@@ -85,6 +85,9 @@ def _key_patterns() -> type:
         def time_schema(self, schema: Any) -> Any:
             return _moment(super().time_schema(schema), TIME, schema.get("tz_constraint"))
 
+        def decimal_schema(self, schema: Any) -> Any:
+            return _decimal_strings(super().decimal_schema(schema))
+
     return KeyPatterns
 
 
@@ -101,6 +104,20 @@ def _moment(out: dict, body: str, tz: str | None) -> dict:
     offset = {"aware": OFFSET, "naive": ""}.get(tz or "", f"{OFFSET}?")
     out.pop("format", None)
     return {**out, "pattern": f"^{body}{offset}$"}
+
+
+def _decimal_strings(out: Any) -> Any:
+    """A Decimal's string form with the pattern of what Pydantic parses as a decimal, whatever this Pydantic
+    version writes: some versions write a look-ahead pattern, others a bare `{"type": "string"}` (the grammar then
+    wrote "." and validation failed)."""
+    from specstruct.constraints.llguidance_schema import DECIMAL_EQUIVALENT, DECIMAL_PATTERN
+
+    if isinstance(out, dict):
+        if out.get("type") == "string" and out.get("pattern") in (None, DECIMAL_PATTERN):
+            return {**out, "pattern": DECIMAL_EQUIVALENT}
+        return {k: [_decimal_strings(v) for v in vs] if k in ("anyOf", "oneOf") and isinstance(vs, list) else vs
+                for k, vs in out.items()}
+    return out
 
 
 def _key_names(keys: dict) -> dict | None:
