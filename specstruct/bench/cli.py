@@ -1,6 +1,6 @@
 """`specstruct bench` / `python -m specstruct.bench`: the benchmark from the command line.
 
-    specstruct bench --quick                       # issue 3's quick script: spec vs target-only, 3 prompts each
+    specstruct bench --quick                       # quick look: spec vs target-only, 3 prompts each
     specstruct bench --scenario json --limit 10 --out results.json --plot bench.png
     specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png   # concurrent requests (batch_scenario.py)
 """
@@ -123,7 +123,7 @@ def main(
         run_batch_cli(engine, concurrency, settings, console, quiet=quiet, out=out, plot_path=plot_path,
                       markdown_out=markdown_out)
         return
-    if scenario == "pipeline":  # issue 10: prefix cache on vs off over one schema and ten passages
+    if scenario == "pipeline":  # prefix cache on vs off over one schema and ten passages
         from .pipeline import main as pipeline
 
         ignored = [name for name, given in (("--plot", plot_path), ("--baselines", baselines),
@@ -151,7 +151,7 @@ def main(
         engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
     bar, update = (None, None) if quiet else _progress_display()
     settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    # --quick is issue 3's script: JSON means typed extraction there (the full run mixes in JSONSchemaBench)
+    # --quick: JSON means typed extraction there (the full run mixes in JSONSchemaBench)
     fixed = {"json": extraction_workloads(limit)} if quick and "json" in scenarios else None
     kwargs = dict(scenarios=scenarios, limit=limit, baselines=chosen, settings=settings, run_tests=run_tests,
                   stock_baselines=not same_numerics, progress=update, workloads=fixed,

@@ -1,4 +1,4 @@
-"""The extraction pipeline scenario (issue 10): one schema, one system prompt, ten passages sent in sequence, each
+"""The extraction pipeline scenario: one schema, one system prompt, ten passages sent in sequence, each
 call once with the prefix cache and once with it disabled (alternating which goes first), on the same engine.
 
     specstruct bench --scenario pipeline --out pipeline.json --markdown pipeline.md

@@ -6,7 +6,7 @@ Two copies of the model. One runs as transformers' `generate` runs a decode step
 attention, a DynamicCache, one new token, the last position's logits. The other is switched to specstruct's
 row-invariant runtime (the fixed-order kernel, the row-wise attention), as the engine runs a step with speculation
 off. Each round times one step of each on the same `--cache`-token context (then crops both caches back), so the
-machine's drift hits both alike; prints the medians and their ratio. Issue 14's goal: specstruct's step no slower.
+machine's drift hits both alike; prints the medians and their ratio. The goal: specstruct's step no slower.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A missing optional extra is one line naming `pip install -e ".[extra]"` (issue 13, defect 16), on the CLI and
+"""A missing optional extra is one line naming `pip install -e ".[extra]"`, on the CLI and
 the Python paths (`run_benchmark`, `pull`)."""
 
 from __future__ import annotations

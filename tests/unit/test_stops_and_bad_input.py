@@ -1,4 +1,4 @@
-"""Stop strings and bad input at the public API (issue 13, defects 1, 4, 11, 14).
+"""Stop strings and bad input at the public API.
 
 A scripted target (specstruct.testing.scripted_engine) writes a known text through the real loop, tokenizer
 and constraints, so where a stop string falls is known in advance."""

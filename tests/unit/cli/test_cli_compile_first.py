@@ -1,4 +1,4 @@
-"""The CLI checks the output option before loading any model (issue 13, defect 15): a typo in --regex or
+"""The CLI checks the output option before loading any model: a typo in --regex or
 --grammar exits 3 at once instead of after a full model load."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`specstruct --help` and `import specstruct` stay cheap: no torch (issue 13, dependencies)."""
+"""`specstruct --help` and `import specstruct` stay cheap: no torch."""
 
 from __future__ import annotations
 

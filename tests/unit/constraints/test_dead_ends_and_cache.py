@@ -1,4 +1,4 @@
-"""Constraints that admit nothing, NUL in regexes, and the disk cache key (issue 13, defects 7, 12, 13)."""
+"""Constraints that admit nothing, NUL in regexes, and the disk cache key."""
 
 from __future__ import annotations
 

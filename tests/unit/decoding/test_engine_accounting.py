@@ -1,4 +1,4 @@
-"""The decode loop's bookkeeping (issue 13, defect 6): a request's config never overwrites the engine's shared
+"""The decode loop's bookkeeping: a request's config never overwrites the engine's shared
 policy config, and per-drafter stats count only tokens the target judged."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which architectures the row-wise attention is exact for (issue 13, defect 2).
+"""Which architectures the row-wise attention is exact for.
 
 Row-wise attention attends every cached key with plain causal scaling. Each tiny architecture below runs a
 prompt plus two short verification blocks through ModelRuntime and through stock SDPA over the whole sequence:

@@ -1,4 +1,4 @@
-"""The shared engine table (issue 13, defect 5): loading one engine never stalls calls on engines already loaded,
+"""The shared engine table: loading one engine never stalls calls on engines already loaded,
 the same key loads once, and the per-engine locks go away with their engines."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streaming with stop strings (issue 13, defect 1): the streamed text never holds a stop string and equals what
+"""Streaming with stop strings: the streamed text never holds a stop string and equals what
 `invoke` returns. A scripted target writes a known text through the real specstruct loop."""
 
 from __future__ import annotations
