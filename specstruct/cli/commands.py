@@ -213,13 +213,14 @@ def extract(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def bench(ctx: typer.Context) -> None:
     """Run the benchmark suite (specstruct.bench); `specstruct bench --help` shows its options;
-    `specstruct bench serve --help` load-tests a running server."""
-    if ctx.args[:1] == ["serve"]:
+    `specstruct bench serve --help` load-tests a running server; `specstruct bench soak --help` soaks one with
+    concurrent streams, hang-ups and hostile requests."""
+    server_tool = {"serve": "serve_cli", "soak": "soak_cli"}.get(ctx.args[0] if ctx.args else "")
+    if server_tool:
         with errors():  # a missing extra (httpx) is one line naming it, as everywhere
-            from specstruct.bench.serve_cli import app as serve_bench
-
-            typer.main.get_command(serve_bench).main(args=list(ctx.args[1:]), prog_name="specstruct bench serve",
-                                                     standalone_mode=True)
+            tool = importlib.import_module(f"specstruct.bench.{server_tool}").app
+            typer.main.get_command(tool).main(args=list(ctx.args[1:]), prog_name=f"specstruct bench {ctx.args[0]}",
+                                              standalone_mode=True)
         return
     try:
         bench_cli = importlib.import_module("specstruct.bench.cli")

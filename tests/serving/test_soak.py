@@ -1,0 +1,41 @@
+"""`specstruct bench soak` against an in-process server: a few seconds of concurrent streams, hang-ups and hostile
+requests give a report with every kind counted, no 5xx, 4xx for the hostile ones and RSS sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from server_fixtures import KEY, MODEL, running, tiny_engine
+
+from specstruct.bench.serve_load import Job
+from specstruct.bench.soak import hostile_bodies, soak, table, verdict
+from specstruct.serving.openai import create_app
+
+
+def test_a_short_soak_counts_every_kind_and_finds_the_server_healthy():
+    jobs = [Job({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                 "structured_outputs": {"regex": "[a-c]{4}"}}, lambda t: (len(t) == 4, ""))]
+    hostile = {k: v for k, v in hostile_bodies(MODEL).items() if k in ("bad-regex", "surrogate-property")}
+    with running(create_app(tiny_engine(), served_model_name=MODEL, api_key=KEY)) as base:
+        result = asyncio.run(soak(base, jobs, seconds=3.0, streams=4, api_key=KEY, hostile=hostile,
+                                  hostile_share=0.3, hangup_share=0.2, server_pid=os.getpid(),
+                                  sample_every_s=0.5, deadline_s=30.0))
+    kinds = result["kinds"]
+    assert set(kinds) == {"normal", "hang-up", "hostile:bad-regex", "hostile:surrogate-property"}
+    assert kinds["normal"]["sent"] > 0 and kinds["normal"]["status"].get("200", 0) == kinds["normal"]["sent"]
+    for name in ("hostile:bad-regex", "hostile:surrogate-property"):
+        assert kinds[name]["sent"] > 0 and set(kinds[name]["status"]) == {"400"}, kinds[name]
+    assert result["health"]["samples"] >= 3 and result["health"]["failed"] == 0
+    assert result["rss"]["start_mb"] > 0 and result["timeline"][-1]["after"]
+    problems = [p for p in verdict(result, deadline_s=30.0) if not p.startswith("RSS")]  # in-process RSS: the tests'
+    assert problems == []
+    assert "| normal |" in table(result) and "/health:" in table(result)
+
+
+def test_every_hostile_body_is_a_request_a_client_can_send():
+    import json
+
+    bodies = hostile_bodies(MODEL)
+    assert {"grammar-loop", "backtracking-pattern", "many-stops", "many-tools"} <= set(bodies)
+    assert all(json.loads(json.dumps(b))["model"] == MODEL for b in bodies.values())
