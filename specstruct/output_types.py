@@ -208,6 +208,7 @@ def _schema_dict(schema: dict) -> OutputSpec:
     import jsonschema
 
     from specstruct.constraints.limits import check_schema, limits, too_complex
+    from specstruct.constraints.pattern_check import linear_validator
 
     check_schema(schema)  # depth first (iteratively): jsonschema's own check recurses
     try:
@@ -227,7 +228,8 @@ def _schema_dict(schema: dict) -> OutputSpec:
     except RecursionError as e:  # $refs that nest deeper than the stack, within max_schema_depth
         raise too_complex("the JSON schema", "max_schema_depth", "it nests too deeply to check") from e
     # Checked in decimals, as the grammar is: with floats, 0.3 is "not a multiple of 0.1" and could never pass.
-    validator = validator_cls(json.loads(text, parse_float=Decimal))
+    # Patterns run in the `regex` module under a time budget, never in Python's unbounded `re` (pattern_check.py).
+    validator = linear_validator(validator_cls, json.loads(text, parse_float=Decimal))
 
     def parse(text: str) -> Any:
         value = json.loads(text)  # json.JSONDecodeError is a ValueError

@@ -169,8 +169,21 @@ def check_regex(regex: str, what: str = "the regex") -> None:
         raise too_complex(what, "max_regex_size", f"it expands to more than {lim.max_regex_size} symbols")
 
 
+def _check_text(text: Any, where: str) -> None:
+    """A lone surrogate (a JSON "\\ud800" escape) has no UTF-8 form: no compiler can read it, and llguidance's own
+    error for it is misleading, so it is refused here by name."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConstraintError(f"{where} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which "
+                                  "is not valid Unicode and has no UTF-8 encoding: remove it or write the whole "
+                                  "character (a surrogate pair)") from None
+
+
 def check_schema(schema: Any, path: str = "#") -> None:
-    """Refuse a schema nested deeper than `max_schema_depth` (iteratively: no RecursionError)."""
+    """Refuse a schema nested deeper than `max_schema_depth` (iteratively: no RecursionError), or holding a lone
+    surrogate in a key or string."""
     lim = limits()
     todo: list[tuple[Any, str, int]] = [(schema, path, 0)]
     while todo:
@@ -179,6 +192,10 @@ def check_schema(schema: Any, path: str = "#") -> None:
             raise too_complex("the JSON schema", "max_schema_depth", f"it nests deeper than "
                               f"{lim.max_schema_depth} levels at {where[:200]}")
         if isinstance(node, dict):
+            for k in node:
+                _check_text(k, f"the property name or keyword at {where[:200]}")
             todo.extend((v, f"{where}/{k}", depth + 1) for k, v in node.items())
+        elif isinstance(node, str):
+            _check_text(node, f"the string at {where[:200]}")
         elif isinstance(node, list):
             todo.extend((v, f"{where}/{i}", depth + 1) for i, v in enumerate(node))
