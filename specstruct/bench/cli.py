@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from .report import publish
-from .runner import ALL_BASELINES, QUICK_LIMIT, run_benchmark
+from .runner import ALL_BASELINES, DEFAULT_BASELINES, QUICK_LIMIT, run_benchmark
 from .workloads import SCENARIOS, extraction_workloads
 
 app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
@@ -43,6 +43,35 @@ def load_engine(model: str, draft: str | None, **kwargs: Any) -> Any:
     import specstruct as ss
 
     return ss.SpecStruct.from_pretrained(model, draft=draft, **kwargs)
+
+
+def llama_side(model: str, binary: str | None, gguf: str | None) -> Any:
+    """The llama.cpp side on the GGUF the engine's weights come from: --llama-gguf, the model itself when it is a
+    .gguf file, or the registry model's file as it ships (assembled from its parts, SHA-256 checked)."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from .llama_cpp import LlamaCppSide, find_binary, registry_gguf
+
+    try:
+        found = find_binary(binary)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--llama-server") from None
+    if gguf is None and model.endswith(".gguf"):
+        gguf = model
+    if gguf is None:
+        from ..models.registry import REGISTRY
+
+        if model not in REGISTRY:
+            raise typer.BadParameter(f"{model!r} is not a registry model: pass the GGUF file its weights come from",
+                                     param_hint="--llama-gguf")
+        cache = Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "gguf"
+        gguf = str(registry_gguf(model, cache))
+    if not Path(gguf).is_file():
+        raise typer.BadParameter(f"no such file: {gguf}", param_hint="--llama-gguf")
+    return LlamaCppSide(found, Path(gguf), threads=torch.get_num_threads())
 
 
 def _progress_display() -> tuple[Any, Any]:
@@ -75,7 +104,14 @@ def main(
     quick: bool = typer.Option(False, "--quick", help="a few prompts per scenario, specstruct vs target-only only"),
     baselines: Optional[str] = typer.Option(None, "--baselines",
                                             help=f"comma-separated subset of {','.join(ALL_BASELINES)} "
-                                                 "('specstruct' = specstruct with speculation off)"),
+                                                 "('specstruct' = specstruct with speculation off; default: all but "
+                                                 "llama.cpp)"),
+    llama_server: Optional[str] = typer.Option(None, "--llama-server", envvar="SPECSTRUCT_LLAMA_SERVER",
+                                               help="--baselines ...,llama.cpp: the llama-server binary (default: "
+                                                    "llama-server on PATH)"),
+    llama_gguf: Optional[str] = typer.Option(None, "--llama-gguf", help="--baselines ...,llama.cpp: the GGUF file "
+                                             "llama-server runs (default: the registry model's file as it ships, "
+                                             "SHA-256 checked)"),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="target: registry name, hub id or folder"),
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", help="draft model ('none' for forced text + lookup only)"),
     run_tests: bool = typer.Option(False, "--run-tests", help="run HumanEval tests on every side's code (executes "
@@ -142,11 +178,12 @@ def main(
     if any(s not in SCENARIOS for s in scenarios):
         raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose, all (those three), pipeline "
                                  "or batch", param_hint="--scenario")
-    chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(ALL_BASELINES))).split(",") if b.strip()]
+    chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(DEFAULT_BASELINES))).split(",") if b.strip()]
     if unknown := [b for b in chosen if b not in ALL_BASELINES]:  # before minutes of model loading
         raise typer.BadParameter(f"unknown baseline(s) {unknown}: choose from {', '.join(ALL_BASELINES)}",
                                  param_hint="--baselines")
     limit = limit or (QUICK_LIMIT if quick else None)
+    llama = llama_side(model, llama_server, llama_gguf) if "llama.cpp" in chosen else None  # before minutes of model loading: a missing binary is a usage error
     with console.status("loading models"):
         engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
     bar, update = (None, None) if quiet else _progress_display()
@@ -155,7 +192,7 @@ def main(
     fixed = {"json": extraction_workloads(limit)} if quick and "json" in scenarios else None
     kwargs = dict(scenarios=scenarios, limit=limit, baselines=chosen, settings=settings, run_tests=run_tests,
                   stock_baselines=not same_numerics, progress=update, workloads=fixed,
-                  on_record=(lambda partial: write_json(partial, out)) if out else None)
+                  on_record=(lambda partial: write_json(partial, out)) if out else None, llama=llama)
     if bar is None:
         results = run_benchmark(engine, **kwargs)
     else:

@@ -93,7 +93,35 @@ def markdown(results: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads, load average "
              f"{m.get('load_average_1m')} at start and {m.get('load_average_1m_end')} at end.",
              *[f"Numerics of {side}: {desc}." for side, desc in meta["numerics"].items()], COLD]
-    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    sides = ["| " + " | ".join(SIDE_HEAD) + " |", "|" + "---|" * len(SIDE_HEAD)]
+    sides += ["| " + " | ".join(r) + " |" for r in side_rows(results)]
+    return "\n".join(rows) + "\n\n" + "\n".join(sides) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
+def side_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Per scenario and side: end-to-end seconds per request, prefill seconds, decode tokens/s, valid (medians)."""
+    rows = []
+    for name, s in results["scenarios"].items():
+        for side in s.get("elapsed_s") or {}:
+            rows.append([name, side, _num(s["elapsed_s"].get(side), "{:.2f}"),
+                         _num((s.get("prefill_s") or {}).get(side), "{:.2f}"),
+                         _num((s.get("decode_tokens_per_s") or {}).get(side)),
+                         _counts((s.get("valid_by_side") or {}).get(side))])
+    return rows
+
+
+SIDE_HEAD = ("scenario", "side", "end to end, s/request", "prefill, s", "decode tokens/s", "valid")
+
+
+def side_table(results: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="every side: medians over prompts")
+    for col in SIDE_HEAD:
+        t.add_column(col, justify="left" if col in ("scenario", "side") else "right")
+    for row in side_rows(results):
+        t.add_row(*row)
+    return t
 
 
 def drafter_table(results: dict[str, Any]) -> Any:
@@ -136,6 +164,8 @@ def print_report(results: dict[str, Any], console: Any = None) -> None:
     console = console or Console()
     meta = results["meta"]
     console.print(table(results))
+    if any(s.get("elapsed_s") for s in results["scenarios"].values()):
+        console.print(side_table(results))
     if any(s.get("per_drafter") for s in results["scenarios"].values()):
         console.print(drafter_table(results))
     console.print(f"models: target {meta['models']['target']}, draft {meta['models']['draft']} "

@@ -27,14 +27,15 @@ from .fairness import require_same, weights_fingerprint
 from .summary import EXTERNAL, SPEC, TARGET_ONLY, summarize
 from .workloads import SCENARIOS, Workload, humaneval_completion, load_workloads
 
-ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted")  # "specstruct" = target-only specstruct
+ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted", "llama.cpp")  # "specstruct" = target-only specstruct
+DEFAULT_BASELINES = ALL_BASELINES[:4]  # llama.cpp runs only when asked for (it needs a llama-server build)
 QUICK_LIMIT = 3
 # prompts per scenario by default: JSON runs all 10 extraction passages (40-200 output tokens) and 10 schemas
 DEFAULT_LIMITS = {"json": 20, "code": 5, "prose": 5}
 
 
 def build_sides(engine: Any, baselines: Iterable[str], settings: Settings, base_engine: Any = None,
-                notes: list[str] | None = None, stock_baselines: bool = True) -> dict[str, Any]:
+                notes: list[str] | None = None, stock_baselines: bool = True, llama: Any = None) -> dict[str, Any]:
     """The sides to run, in run order. Target-only always runs: every speedup is measured against it.
     `base_engine` (default: `engine` itself, with speculation off per call) runs the target-only side.
     External baselines run on `engine.model` with stock transformers numerics unless `stock_baselines`
@@ -56,14 +57,22 @@ def build_sides(engine: Any, baselines: Iterable[str], settings: Settings, base_
             (notes if notes is not None else []).append("hf-assisted skipped: the engine has no draft model")
         else:
             sides["hf-assisted"] = HFSide("hf-assisted", engine, settings, engine.draft_model, stock_baselines)
+    if "llama.cpp" in wanted:
+        if llama is None:
+            raise ValueError("the llama.cpp baseline needs a LlamaCppSide (llama-server and the GGUF file)")
+        llama.bind(engine, settings)  # the engine's exact prompt ids; the Settings every side shares
+        sides["llama.cpp"] = llama
     return sides
 
 
 def check_fairness(sides: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Fingerprint every side's weights and describe its numerics; raise ComparisonError when weights
     differ anywhere, or numerics differ between the two specstruct sides."""
-    info = {name: {"weights": weights_fingerprint(side.model), "numerics": side.numerics()} for name, side in sides.items()}
-    require_same(info, numerics_must_match=(SPEC, TARGET_ONLY))
+    info = {name: {"weights": weights_fingerprint(side.model) if side.model is not None else side.fingerprint(),
+                   "numerics": side.numerics()} for name, side in sides.items()}
+    # A side without a torch model (llama.cpp) runs the GGUF file itself; the CLI checks it is the file the engine's
+    # weights come from (the registry's SHA-256), so it is left out of the torch-weights comparison.
+    require_same({k: v for k, v in info.items() if sides[k].model is not None}, numerics_must_match=(SPEC, TARGET_ONLY))
     return info
 
 
@@ -227,10 +236,10 @@ def _draft_name(engine: Any) -> str | None:
 
 @needs_extras("the benchmark")
 def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: int | None = None,
-                  baselines: Iterable[str] = ALL_BASELINES, settings: Settings | None = None,
+                  baselines: Iterable[str] = DEFAULT_BASELINES, settings: Settings | None = None,
                   base_engine: Any = None, workloads: dict[str, list[Workload]] | None = None,
                   run_tests: bool = False, stock_baselines: bool = True, progress: Any = None,
-                  on_record: Any = None) -> dict[str, Any]:
+                  on_record: Any = None, llama: Any = None) -> dict[str, Any]:
     """Run the benchmark and return the results dict (`meta`, `records`, `scenarios`).
 
     `workloads` overrides the built-in ones per scenario (tests pass tiny ones). `progress` is an
@@ -240,7 +249,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     notes: list[str] = []
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     machine = machine_info()  # load average before the run; the one after goes next to it
-    sides = build_sides(engine, baselines, settings, base_engine, notes, stock_baselines)
+    sides = build_sides(engine, baselines, settings, base_engine, notes, stock_baselines, llama)
     check_fairness(sides)  # fail fast, before minutes of warm-up
     _warm_up(sides, settings)
     fairness = check_fairness(sides)
@@ -275,10 +284,14 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
 
     flat = [w for ws in chosen.values() for w in ws]
     records: list[dict[str, Any]] = []
-    for i, w in enumerate(flat):
-        records.append(run_prompt(w, sides, settings, run_tests, on_side, spec_first=i % 2 == 1))
-        if on_record:
-            on_record(results())
+    try:
+        for i, w in enumerate(flat):
+            records.append(run_prompt(w, sides, settings, run_tests, on_side, spec_first=i % 2 == 1))
+            if on_record:
+                on_record(results())
+    finally:
+        if llama is not None:
+            llama.close()
     if progress:
         progress(total, total, "done")
     return results()

@@ -11,7 +11,7 @@ import statistics
 from typing import Any
 
 SPEC, TARGET_ONLY = "specstruct", "target-only"
-EXTERNAL = ("outlines", "hf", "hf-assisted")
+EXTERNAL = ("outlines", "hf", "hf-assisted", "llama.cpp")
 # A published multi-GPU result (4x A100) the issue asks to report against: (speedup, acceptance rate).
 PUBLISHED = {"json": (3.8, 0.891), "code": (3.0, 0.623), "prose": (1.8, 0.176)}
 
@@ -59,6 +59,20 @@ def _pooled_drafters(spec_runs: list[dict[str, Any]]) -> dict[str, dict[str, Any
     return pooled
 
 
+def _prefill(m: dict[str, Any]) -> float | None:
+    return (m.get("times") or {}).get("prefill_s")
+
+
+def _decode_tps(m: dict[str, Any]) -> float | None:
+    """Tokens per second after the prefill: the side's own figure (llama.cpp's timings), else new tokens over the
+    wall clock less the prefill, where the side reports its prefill."""
+    times = m.get("times") or {}
+    if times.get("decode_tokens_per_s") is not None:
+        return times["decode_tokens_per_s"]
+    prefill, decode = times.get("prefill_s"), m.get("elapsed_s", 0.0) - (times.get("prefill_s") or 0.0)
+    return m["new_tokens"] / decode if prefill is not None and decode > 0 and m.get("new_tokens") else None
+
+
 def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of one scenario's records (see docs/benchmarks.md for every key)."""
     done = [r for r in records if r["status"] == "ok"]
@@ -82,6 +96,10 @@ def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
         "speedup_vs_spread": {s: ratios[s] for s in EXTERNAL if ratios.get(s)},
         "tokens_per_s": tps,
         "new_tokens": {s: _median([r["sides"][s]["new_tokens"] for r in done if s in r["sides"]]) for s in sides},
+        "elapsed_s": {s: _median([r["sides"][s].get("elapsed_s") for r in done if s in r["sides"]]) for s in sides},
+        "prefill_s": {s: _median([_prefill(r["sides"][s]) for r in done if s in r["sides"]]) for s in sides},
+        "decode_tokens_per_s": {s: _median([_decode_tps(r["sides"][s]) for r in done if s in r["sides"]])
+                                for s in sides},
         "acceptance_rate": accepted / drafted if drafted else None,
         "acceptance_rate_spread": spread([m.get("acceptance_rate") for m in spec]),
         "drafted": drafted,
