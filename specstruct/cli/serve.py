@@ -56,6 +56,16 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests held at once; more get 429."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds before a request is cancelled."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", min=1024, help="Larger bodies get 413."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", min=1,
+                                                    help="Longer prompts get 400 (default: the model's window)."),
+    max_stop_sequences: int = typer.Option(16, "--max-stop-sequences", min=0, help="Most stop strings a request "
+                                           "sends (OpenAI: 4)."),
+    max_stop_chars: int = typer.Option(4096, "--max-stop-chars", min=0, help="Most characters of all stop strings."),
+    max_tools: int = typer.Option(128, "--max-tools", min=0, help="Most tools a request sends (OpenAI: 128)."),
+    max_tools_bytes: int = typer.Option(256 * 1024, "--max-tools-bytes", min=0,
+                                        help="Largest tool definitions of a request, in bytes of JSON."),
+    max_constraint_bytes: int = typer.Option(256 * 1024, "--max-constraint-bytes", min=0, help="Largest output "
+                                             "constraint (JSON schema, regex, grammar, choices) in bytes."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                           help="torch threads (default: torch's; 1 is faster on a busy machine)."),
     no_speculation: bool = typer.Option(False, "--no-speculation",
@@ -99,9 +109,7 @@ def serve(
         if no_speculation:
             engine.config = engine.config.merged(enable_speculative=False)
         name = served_model_name or model
-        limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
-                              default_max_tokens=default_max_tokens,
-                              request_timeout_s=request_timeout, max_queued_requests=max_queue)
+        limits = ServerLimits.from_options(**locals())
         app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),
                                 timeout_graceful_shutdown=shutdown_timeout, access_log=False)

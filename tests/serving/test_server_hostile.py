@@ -36,7 +36,10 @@ def test_cache_salt_keeps_tenants_apart(http):
     assert cached(chat(http, messages=messages, cache_salt="tenant-a")) == 0
     assert cached(chat(http, messages=messages, cache_salt="tenant-a")) > 0  # same tenant: a hit
     assert cached(chat(http, messages=messages, cache_salt="tenant-b")) == 0  # another tenant: nothing shared
-    assert cached(chat(http, messages=messages)) == 0  # unsalted: nothing shared either
+    # unsalted: nothing of the tenants' prompt, only what every unsalted prompt shares (the chat template's start)
+    chat(http, messages=[{"role": "user", "content": "xylophone tunes"}])
+    template_only = cached(chat(http, messages=[{"role": "user", "content": "quartz crystals"}]))
+    assert cached(chat(http, messages=messages)) == template_only
 
 
 def test_cache_salt_on_completions(http):
@@ -52,3 +55,91 @@ def test_bad_cache_salt_is_a_400(http, salt):
     resp = chat(http, cache_salt=salt)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == "cache_salt"
+
+
+def refused(resp, param: str, *named: str):
+    """A 400 about `param` whose message names each of `named` (the limit and its value); a small body."""
+    assert resp.status_code == 400, resp.text[:2000]
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    for word in named:
+        assert word in error["message"], error["message"]
+    assert len(resp.content) < 4096
+    return error
+
+
+def tool(name: str, description: str = "") -> dict:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                             "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+
+
+def test_too_many_stop_strings(http):
+    refused(chat(http, stop=[f"s{i}" for i in range(17)]), "stop", "17", "16", "max_stop_sequences")
+    assert chat(http, stop=[f"s{i}" for i in range(16)]).status_code == 200
+
+
+def test_too_long_stop_strings(http):
+    refused(chat(http, stop=["x" * 3000, "y" * 3000]), "stop", "6000", "4096", "max_stop_chars")
+
+
+def test_too_many_tools(http):
+    error = refused(chat(http, tools=[tool(f"t{i}") for i in range(1500)]), "tools", "1500", "128", "max_tools")
+    assert "start:" not in error["message"]  # no grammar echoed
+
+
+def test_too_large_tools(http):
+    tools = [tool(f"t{i}", "d" * 30_000) for i in range(9)]
+    refused(chat(http, tools=tools), "tools", "262144", "max_tools_bytes")
+
+
+@pytest.mark.parametrize("field,param", [
+    ({"structured_outputs": {"regex": "a" * 300_000}}, "structured_outputs.regex"),
+    ({"guided_grammar": "start: " + '"a" ' * 80_000}, "guided_grammar"),
+    ({"structured_outputs": {"choice": ["c" * 1000] * 300}}, "structured_outputs.choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "description": "d" * 300_000}}}}, "response_format.json_schema.schema"),
+])
+def test_too_large_constraint(http, field, param):
+    refused(chat(http, **field), param, "262144", "max_constraint_bytes")
+
+
+def test_completions_are_limited_too(http):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stop": [f"s{i}" for i in range(20)]}
+    refused(http.post("/completions", json=body), "stop", "max_stop_sequences")
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "x" * 1_000_000}},  # echoed in "type ... is not supported"
+    {"model": "m" * 1_000_000},                      # echoed in "the model ... does not exist"
+    {"structured_outputs": {"regex": "(" * 200_000}},
+])
+def test_error_bodies_stay_small(http, body):
+    resp = http.post("/chat/completions", json={"model": MODEL, "messages": LONG, "max_tokens": 2, **body})
+    assert 400 <= resp.status_code < 500, resp.text[:500]
+    assert len(resp.content) < 4096
+
+
+def test_tool_grammar_is_built_off_the_event_loop(http, monkeypatch):
+    """While one request's tools are prepared, the server keeps answering others."""
+    import threading
+    import time
+
+    from specstruct.serving.openai import translate
+
+    real, started = translate.tool_core.tool_grammar, threading.Event()
+
+    def slow(*args, **kwargs):
+        started.set()
+        time.sleep(2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translate.tool_core, "tool_grammar", slow)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", chat(http, tools=[tool("a")], max_tokens=4)))
+    worker.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    assert http.get("/models").status_code == 200
+    assert time.monotonic() - t0 < 1.0  # not queued behind the 2 s grammar build
+    worker.join(60)
+    assert result["r"].status_code == 200, result["r"].text

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import anyio
 import fastapi
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -55,8 +56,12 @@ class _Server:
             if req.model != self.name:
                 raise APIError(404, f"the model {req.model!r} does not exist here; this server serves {self.name!r} "
                                "(GET /v1/models)", param="model", code="model_not_found")  # OpenAI's status
-            call = (chat_call(req, self.limits, self.engine.tokenizer) if chat
-                    else completion_call(req, self.limits))
+            if not chat:
+                call = completion_call(req, self.limits)
+            elif req.tools:  # building the tools' grammar takes a while: never on the event loop
+                call = await anyio.to_thread.run_sync(chat_call, req, self.limits, self.engine.tokenizer)
+            else:
+                call = chat_call(req, self.limits, self.engine.tokenizer)
             self.admission.enter()
             admitted = True
             self.metrics.in_flight.inc()

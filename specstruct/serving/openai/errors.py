@@ -15,6 +15,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
+        message = clip(message)  # an error never echoes a megabyte of grammar or schema back
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
@@ -24,6 +25,17 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+MAX_MESSAGE_CHARS = 2000  # error bodies stay a few KB whatever text they quote
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 60
+    return f"{text[:keep]}... ({len(text) - keep} more characters not shown)"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -49,6 +49,43 @@ def _max_tokens(value: int | None, limits: ServerLimits, param: str) -> int:
     return value
 
 
+def _size(value: Any) -> int:
+    """Bytes of a request value as sent: a string's UTF-8, anything else as compact JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _over(what: str, amount: int, unit: str, limit: int, name: str, param: str, fix: str) -> None:
+    if amount > limit:
+        raise bad_request(f"{what} {amount} {unit}, over this server's limit of {limit} ({name}, set by the server's "
+                          f"--{name.replace('_', '-')} option); {fix}", param, "limit_exceeded")
+
+
+def check_sizes(req: ChatCompletionRequest | CompletionRequest, limits: ServerLimits) -> None:
+    """400 naming the limit and its value for a request whose stop strings, tools or output constraint are larger
+    than this server takes (before anything is compiled or rendered)."""
+    stops = req.stop_list() or []
+    _over("stop has", len(stops), "strings", limits.max_stop_sequences, "max_stop_sequences", "stop",
+          "send fewer stop strings")
+    _over("stop strings have", sum(len(s) for s in stops), "characters in all", limits.max_stop_chars,
+          "max_stop_chars", "stop", "send shorter stop strings")
+    tools = getattr(req, "tools", None) or []
+    _over("tools has", len(tools), "tools", limits.max_tools, "max_tools", "tools",
+          "send only the tools this request may call")
+    if tools:
+        _over("the tool definitions are", sum(_size(t.model_dump(exclude_none=True)) for t in tools), "bytes of JSON",
+              limits.max_tools_bytes, "max_tools_bytes", "tools", "send fewer or smaller tools")
+    named = "structured_outputs" if req.structured_outputs else "guided"  # the field the request sent
+    sources = [(f"structured_outputs.{k}" if named == "structured_outputs" else f"guided_{k}", v)
+               for k, v in (structured_extra(req) or {}).items() if v is not None]
+    spec = (req.response_format or {}).get("json_schema")
+    if isinstance(spec, dict) and spec.get("schema") is not None:
+        sources.append(("response_format.json_schema.schema", spec["schema"]))
+    for param, value in sources:
+        _over(f"{param} is", _size(value), "bytes", limits.max_constraint_bytes, "max_constraint_bytes", param,
+              "send a smaller schema, regex or grammar")
+
+
 def _text(content: Any, where: str) -> str:
     """The text of a message's content: a string, or the text parts of a content list (other parts: 400)."""
     if content is None or isinstance(content, str):
@@ -147,7 +184,10 @@ def structured_output_type(response_format: dict | None, structured: dict | None
 
 
 def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) -> EngineCall:
+    """The EngineCall of a chat request. With tools this builds their grammar (slow for many or large tools): the
+    server calls it off the event loop."""
     refuse_unsupported(req)
+    check_sizes(req, limits)
     max_new = _max_tokens(req.max_completion_tokens or req.max_tokens,
                           limits, "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     output_type, mode, param = structured_output_type(req.response_format, structured_extra(req),
@@ -182,6 +222,7 @@ def chat_call(req: ChatCompletionRequest, limits: ServerLimits, tokenizer: Any) 
 
 def completion_call(req: CompletionRequest, limits: ServerLimits) -> EngineCall:
     refuse_unsupported(req)
+    check_sizes(req, limits)
     prompt = req.prompt
     if isinstance(prompt, list):
         if not all(isinstance(p, str) for p in prompt):

@@ -86,9 +86,8 @@ def check_models_here(*names: Optional[str]) -> None:
 
 
 def serve_on_ray(*, ray: bool, model: str, draft: Optional[str], no_draft: bool, host: str, port: int,
-                 api_key: Optional[str], max_batch_size: int, served_model_name: Optional[str], max_tokens_cap: int,
-                 default_max_tokens: int, max_queue: int, request_timeout: float, max_body_bytes: int,
-                 replicas: int, num_cpus: Optional[float], num_gpus: Optional[float], **_: Any) -> None:
+                 api_key: Optional[str], max_batch_size: int, served_model_name: Optional[str], max_queue: int,
+                 replicas: int, num_cpus: Optional[float], num_gpus: Optional[float], **options: Any) -> None:
     """`specstruct serve --ray`: the same app and limits as `specstruct serve`, on `replicas` Ray Serve replicas.
     --max-queue becomes Ray's max_queued_requests (503 past it); each replica takes 2 x --max-batch-size."""
     if not ray:
@@ -102,8 +101,7 @@ def serve_on_ray(*, ray: bool, model: str, draft: Optional[str], no_draft: bool,
     check_models_here(model, resolve_draft(model, draft, no_draft))
     from specstruct.serving.ray.serve import build_app, serve_until_interrupted
 
-    limits = ServerLimits(max_body_bytes=max_body_bytes, max_tokens_cap=max_tokens_cap,
-                          default_max_tokens=default_max_tokens, request_timeout_s=request_timeout)
+    limits = ServerLimits.from_options(**options)  # the request limits; Ray's queue takes --max-queue
     app = build_app(model, draft=resolve_draft(model, draft, no_draft), served_model_name=served_model_name or model,
                     api_key=api_key, limits=limits, replicas=replicas, num_cpus=1 if num_cpus is None else num_cpus,
                     num_gpus=num_gpus, max_batch_size=max_batch_size, max_queued_requests=max_queue)
