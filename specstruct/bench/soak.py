@@ -179,17 +179,23 @@ async def soak(base_url: str, jobs: Sequence[Job], *, seconds: float, streams: i
                 await asyncio.sleep(max(0.0, sample_every_s - (time.perf_counter() - t0)))
 
         watcher = asyncio.create_task(monitor())
-        await asyncio.gather(*(client_loop(i) for i in range(streams)))
-        await watcher
+        clients = [asyncio.create_task(client_loop(i)) for i in range(streams)]
+        # a server that stopped answering must not hang the soak: what is still open a deadline after the end is
+        # cancelled and counted as unfinished
+        _, hung = await asyncio.wait(clients, timeout=warmup_s + seconds + deadline_s)
+        for task in hung:
+            task.cancel()
+        await asyncio.gather(*hung, return_exceptions=True)
+        await asyncio.wait_for(watcher, timeout=sample_every_s + 35.0)
         # once every client is done, the server should give back what the burst took
         await asyncio.sleep(sample_every_s)
         timeline.append({"t_s": round(time.perf_counter() - started, 2), "health_s": None, "health_status": None,
                          "rss_mb": rss_mb(server_pid) if server_pid else None, "after": True})
-    return report(tallies, timeline, warmup_s, streams, seconds)
+    return report(tallies, timeline, warmup_s, streams, seconds, unfinished=len(hung))
 
 
 def report(tallies: dict[str, Tally], timeline: list[dict[str, Any]], warmup_s: float, streams: int,
-           seconds: float) -> dict[str, Any]:
+           seconds: float, unfinished: int = 0) -> dict[str, Any]:
     healths = [t["health_s"] for t in timeline if t.get("health_s") is not None]
     rss = [(t["t_s"], t["rss_mb"]) for t in timeline if t.get("rss_mb") is not None]
     after_warmup = [m for s, m in rss if s >= warmup_s] or [m for _, m in rss]
@@ -198,7 +204,8 @@ def report(tallies: dict[str, Tally], timeline: list[dict[str, Any]], warmup_s: 
         rss_summary = {"start_mb": round(after_warmup[0], 1), "max_mb": round(max(after_warmup), 1),
                        "end_mb": round(after_warmup[-1], 1),
                        "end_vs_start": round(after_warmup[-1] / after_warmup[0], 3)}
-    return {"streams": streams, "seconds": seconds, "kinds": {k: t.summary() for k, t in tallies.items()},
+    return {"streams": streams, "seconds": seconds, "unfinished": unfinished,
+            "kinds": {k: t.summary() for k, t in tallies.items()},
             "health": {"samples": len(healths), "max_s": max(healths, default=None),
                        "failed": sum(t["health_status"] not in (200, None) for t in timeline)},
             "rss": rss_summary, "timeline": timeline}
@@ -216,6 +223,8 @@ def verdict(result: dict[str, Any], deadline_s: float = 60.0) -> list[str]:
             problems.append(f"{kind}: {s['invalid']} finished outputs that fail their schema")
         if kind.startswith("hostile:") and s["slowest_s"] > deadline_s:
             problems.append(f"{kind}: took {s['slowest_s']:.1f} s (limit {deadline_s:.0f} s)")
+    if result.get("unfinished"):
+        problems.append(f"{result['unfinished']} clients still waiting for a reply {deadline_s:.0f} s after the end")
     health = result["health"]
     if health["failed"] or (health["max_s"] or 0) > HEALTH_LIMIT_S:
         problems.append(f"/health: {health['failed']} failures, slowest {health['max_s']} s "
@@ -239,6 +248,8 @@ def table(result: dict[str, Any]) -> str:
                     f"{fmt(lat['p50'])} | {fmt(lat['p99'])} | {s['slowest_s']:.2f} |")
     h, rss = result["health"], result["rss"]
     tail = f"\n\n/health: {h['samples']} probes, slowest {h['max_s']} s, {h['failed']} failed."
+    if result.get("unfinished"):
+        tail += f" {result['unfinished']} clients never got an answer (cancelled)."
     if rss:
         tail += (f" Server RSS: {rss['start_mb']} MiB after warm-up, peak {rss['max_mb']}, "
                  f"{rss['end_mb']} at the end ({rss['end_vs_start']:.2f}x).")
