@@ -22,6 +22,7 @@ from .results import Chunk, Result
 from .decoding.kv.memory import KVBudget, build as build_kv_tiers, close_all
 from .decoding.preempt import Preemption
 from .decoding.load_memory import collect_and_trim, trim_heap
+from .decoding.quantized import is_quantized
 from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline, final_text
@@ -50,7 +51,8 @@ class SpecStruct(AsyncCalls):
         self.runtime = ModelRuntime(model)
         draft_rt = None
         if draft_model is not None:
-            if self.config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu":
+            if self.config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
+                    and not is_quantized(draft_model):  # a quantized draft computes as it ships
                 draft_model = quantize_draft(draft_model)
             draft_rt = ModelRuntime(draft_model)
         self.draft_model = draft_model
@@ -80,16 +82,16 @@ class SpecStruct(AsyncCalls):
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
         model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig, `batch_config` the
         keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue)."""
-        from .models.loading import load
+        from .decoding.gguf_model import load_model
 
         config = (config or SpecConfig()).merged(**(decoding_params or {}))  # both: decoding_params win
         device = resolve_device(config.device)
         dtype = getattr(torch, config.dtype) if config.dtype != "auto" else torch.float32
-        target, tokenizer = load(model, device=device, dtype=dtype)
+        target, tokenizer = load_model(model, weights=config.weights, device=device, dtype=dtype)
         draft = draft or config.draft_model_path
         draft_model = draft_tok = None
         if draft:
-            draft_model, draft_tok = load(draft, device=device, dtype=dtype)
+            draft_model, draft_tok = load_model(draft, weights=config.weights, device=device, dtype=dtype)
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference

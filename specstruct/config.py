@@ -30,7 +30,7 @@ MAX_CAP = 64  # a row's pass then stays well inside the measured row-invariance 
 
 
 # Keys a call's config cannot change: they are read once, when the engine is built.
-ENGINE_KEYS = ("draft_model_path", "draft_numerics", "prefix_cache_bytes", "kv_memory", "device", "dtype")
+ENGINE_KEYS = ("draft_model_path", "draft_numerics", "prefix_cache_bytes", "kv_memory", "device", "dtype", "weights")
 
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (vLLM's rule)
 
@@ -82,6 +82,9 @@ class SpecConfig(BaseModel):
     # placement (read by from_pretrained, which loads the models; engine-wide)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    # "auto": GGUF files and pulled registry models keep their quantized blocks (CPU); others load as they ship.
+    # "gguf" insists on the blocks, "q8_0" rounds float weights to Q8_0 on load, "float32" widens everything.
+    weights: Literal["auto", "gguf", "q8_0", "float32"] = "auto"
 
     _given_caps: frozenset[str] | None = PrivateAttr(default=None)  # the modes max_candidates was given
 

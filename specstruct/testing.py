@@ -182,3 +182,56 @@ def slow_steps(monkeypatch, seconds: float) -> None:
         return step(self)
 
     monkeypatch.setattr(BatchDecoder, "step", slow)
+
+
+def tiny_llama(tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2):
+    """A random-weight Llama causal LM (the architecture whose GGUF files permute q/k rows)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    config = LlamaConfig(vocab_size=(len(tokenizer) + 31) // 32 * 32, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def write_gguf(model, path, quant: str = "Q8_0"):
+    """`model`'s weights as a GGUF file (2-D weights in `quant`, the rest float32), named and laid out as
+    llama.cpp's converter writes them (llama q/k rows permuted). Returns the float32 model those blocks stand for:
+    `model`'s weights replaced by their de-quantized values."""
+    import copy
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter, MODEL_ARCH_NAMES, get_tensor_name_map
+    from gguf.quants import dequantize, quantize
+
+    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == model.config.model_type)
+    names = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    kind = getattr(GGMLQuantizationType, quant)
+    writer = GGUFWriter(str(path), model.config.model_type)
+    stands_for = copy.deepcopy(model)
+    for hf_name, tensor in model.state_dict().items():
+        base, suffix = hf_name.rsplit(".", 1)
+        gguf_name = names.get_name(base) + "." + suffix
+        w = tensor.detach().float().numpy()
+        permute = model.config.model_type == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
+        if permute:
+            n = kv_heads if ".attn_k." in gguf_name else heads
+            w = w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        if w.ndim == 2:
+            blocks = quantize(w, kind)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=kind)
+            back = dequantize(blocks, kind).reshape(w.shape)
+            if permute:  # undo the permutation for the float model
+                back = back.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+            stands_for.get_parameter(hf_name).data.copy_(torch.from_numpy(np.ascontiguousarray(back)))
+        else:
+            writer.add_tensor(gguf_name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stands_for

@@ -35,7 +35,7 @@ import torch
 
 from specstruct.models.loading import output_rows
 from .kv.prefill import cached_prefill
-from . import fixed_linear
+from . import fixed_linear, quantized
 from .linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from .load_memory import file_ranges, own_mapped_tensors, page_out
 from .packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
@@ -95,6 +95,12 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
     attention = {"cpp": "C++", "torch": "torch ops"}[use_packed_attention(model)]
     linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
+    blocks = quantized.describe(model)
+    if blocks:  # weights as they ship: the block-quantized kernel, int8 activations per group
+        others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
+        model._specstruct_numerics = (f"{blocks} weights, row-invariant (block-quantized linear, {quantized.simd()}, "
+                                      f"int8 activations per group{others}; row-wise attention in {attention})")
+        return model._specstruct_numerics
     model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
     return model._specstruct_numerics
 

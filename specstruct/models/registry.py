@@ -41,7 +41,6 @@ class ModelSpec:
     part_size: int  # every part but the last has this size
     size: int  # assembled GGUF size in bytes
     sha256: str  # of the assembled GGUF
-    converted_size: int = 0  # bytes of the float32 safetensors that pull() writes (measured)
     default_draft: str | None = None
 
     def part_module(self, n: int) -> str:
@@ -72,7 +71,6 @@ REGISTRY: dict[str, ModelSpec] = {
         part_size=52_428_800,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        converted_size=7_108_390_424,
         default_draft="qwen2.5-coder-0.5b",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
@@ -84,7 +82,6 @@ REGISTRY: dict[str, ModelSpec] = {
         part_size=89_128_960,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        converted_size=2_520_702_368,
     ),
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"

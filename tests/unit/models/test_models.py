@@ -111,6 +111,7 @@ def test_pull_converts_once_and_cleans_up(fake_model, home, monkeypatch):
     folder = models.pull("fake", progress=False)
     assert folder == home / "fake" and (folder / models.MARKER).is_file() and (folder / "config.json").is_file()
     assert calls == [fake_model[1]]
+    assert (folder / "model.gguf").read_bytes() == fake_model[1]  # the weights stay as they ship
     assert models.models_available("fake") and models.resolve("fake") == folder
     assert models.pull("fake", progress=False) == folder and len(calls) == 1  # idempotent
     assert sorted(p.name for p in home.iterdir()) == ["fake"]  # no staging dir, no leftover GGUF
