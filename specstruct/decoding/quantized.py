@@ -37,6 +37,7 @@ class Format:
     group: int  # inputs per scale
     bits: int   # 4 or 8 per weight
     zero: int   # the zero point, or -1: a min per group
+    gps: int = 1  # groups per super-block: >1, a group's scale is a float32 per super-block times an int8 per group
 
 
 def kernel():
@@ -58,15 +59,17 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
 
 
+# Each decoder: blocks [n, bytes] -> (u [n, weights per block] uint8, scale [n, super-blocks], sub-scale [n, groups]
+# int8 or None, min, sub-min): the group scale is scale * sub-scale (or scale where there is no sub-scale).
 def _q8_0(blocks: np.ndarray):
     d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
-    return qs ^ np.uint8(0x80), d, None  # int8 q + 128 as unsigned
+    return qs ^ np.uint8(0x80), d, None, None, None  # int8 q + 128 as unsigned
 
 
 def _q4_0(blocks: np.ndarray):
     d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
     u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
-    return u, d, None
+    return u, d, None, None, None
 
 
 def _q5_0(blocks: np.ndarray):
@@ -75,7 +78,7 @@ def _q5_0(blocks: np.ndarray):
     qs = blocks[:, 6:]
     high = ((qh >> np.arange(32, dtype=np.uint32)[None, :]) & np.uint32(1)).astype(np.uint8)
     low = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
-    return low | (high << np.uint8(4)), d, None
+    return low | (high << np.uint8(4)), d, None, None, None
 
 
 def _q4_k(blocks: np.ndarray):
@@ -83,20 +86,18 @@ def _q4_k(blocks: np.ndarray):
 
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
-    scale = d * sc.astype(np.float32)  # [n, 8]: exact (an fp16 times a 6-bit integer)
-    mins = dmin * m.astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])  # 6-bit integers per group of 32
     qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    return (qs & np.uint8(0x0F)).reshape(n, QK_K), scale, mins
+    return (qs & np.uint8(0x0F)).reshape(n, QK_K), d, sc.view(np.int8), dmin, m.view(np.int8)
 
 
 def _q6_k(blocks: np.ndarray):
     n = blocks.shape[0]
     ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], _f16(blocks[:, 208:210])
-    scale = d * np.ascontiguousarray(sc).view(np.int8).astype(np.float32)  # [n, 16]
     low = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
     high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
-    return low.reshape(n, QK_K) | (high.reshape(n, QK_K) << np.uint8(4)), scale, None
+    u = low.reshape(n, QK_K) | (high.reshape(n, QK_K) << np.uint8(4))
+    return u, d, np.ascontiguousarray(sc).view(np.int8), None, None
 
 
 # type name -> (decoder, Format, weights per block, bytes per block)
@@ -104,63 +105,80 @@ DECODERS = {
     "Q8_0": (_q8_0, Format("Q8_0", 32, 8, 128), 32, 34),
     "Q4_0": (_q4_0, Format("Q4_0", 32, 4, 8), 32, 18),
     "Q5_0": (_q5_0, Format("Q5_0", 32, 8, 16), 32, 22),
-    "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1), QK_K, 144),
-    "Q6_K": (_q6_k, Format("Q6_K", 16, 8, 32), QK_K, 210),
+    "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1, gps=8), QK_K, 144),
+    "Q6_K": (_q6_k, Format("Q6_K", 16, 8, 32, gps=16), QK_K, 210),
 }
 
 
 # ---------------------------------------------------------------- packing
 
 class QuantWeight:
-    """A [out, in] weight in the kernel's panels: `packed` [P, in/G, bytes], `scales` (and `mins`) [P, in/G, 16]."""
+    """A [out, in] weight in the kernel's panels: `packed` [P, groups, bytes]; `scales` (and `mins`) [P, super-blocks,
+    16] float32; for K-quants `subscales` (and `submins`) [P, groups, 16] int8."""
 
     def __init__(self, fmt: Format, out_features: int, in_features: int):
-        if in_features % fmt.group:
-            raise ValueError(f"{fmt.name}: {in_features} inputs are not a multiple of the group size {fmt.group}")
+        if in_features % (fmt.group * fmt.gps):
+            raise ValueError(f"{fmt.name}: {in_features} inputs are not a multiple of the group size "
+                             f"{fmt.group * fmt.gps}")
         self.fmt, self.out_features, self.in_features = fmt, out_features, in_features
         panels, groups = -(-out_features // PANEL), in_features // fmt.group
         self.packed = torch.zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), dtype=torch.uint8)
-        self.scales = torch.zeros((panels, groups, PANEL), dtype=torch.float32)
+        self.scales = torch.zeros((panels, groups // fmt.gps, PANEL), dtype=torch.float32)
         self.mins = torch.zeros_like(self.scales) if fmt.zero < 0 else None
+        sub = fmt.gps > 1
+        self.subscales = torch.zeros((panels, groups, PANEL), dtype=torch.int8) if sub else None
+        self.submins = torch.zeros_like(self.subscales) if sub and fmt.zero < 0 else None
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"packed": self.packed, "scales": self.scales, "mins": self.mins, "subscales": self.subscales,
+                "submins": self.submins}
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.mins) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors().values() if t is not None)
 
-    def fill(self, row0: int, u: np.ndarray, scale: np.ndarray, mins: np.ndarray | None) -> None:
-        """Rows [row0, row0 + len(u)) (row0 a multiple of 16): u [rows, in] uint8, scale/mins [rows, in/G]."""
+    def fill(self, row0: int, u: np.ndarray, scale: np.ndarray, sub: np.ndarray | None, mins: np.ndarray | None,
+             submins: np.ndarray | None) -> None:
+        """Rows [row0, row0 + len(u)) (row0 a multiple of 16): u [rows, in] uint8; scale/mins [rows, super-blocks];
+        sub/submins [rows, groups] int8 (K-quants)."""
         fmt, rows = self.fmt, u.shape[0]
         panels, groups = -(-rows // PANEL), self.in_features // fmt.group
         pad = panels * PANEL - rows
+        p0 = row0 // PANEL
+
+        def panelled(a: np.ndarray, dtype, fill=0) -> torch.Tensor:  # [rows, n] -> [P, n, 16]
+            t = torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+            if pad:
+                t = torch.cat([t, t.new_full((pad, t.shape[1]), fill)])
+            return t.view(panels, PANEL, -1).permute(0, 2, 1)
+
         ut = torch.from_numpy(np.ascontiguousarray(u, dtype=np.uint8))
-        st = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32))
         if pad:
             ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
-            st = torch.cat([st, st.new_zeros((pad, st.shape[1]))])
         v = ut.view(panels, PANEL, groups, fmt.group // 4, 4).permute(0, 2, 3, 1, 4)  # [P, ng, quads, 16, 4]
         if fmt.bits == 4:
             half = fmt.group // 8
             v = v[:, :, :half] | (v[:, :, half:] << 4)
-        p0 = row0 // PANEL
         self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
-        self.scales[p0 : p0 + panels] = st.view(panels, PANEL, groups).permute(0, 2, 1)
+        self.scales[p0 : p0 + panels] = panelled(scale, np.float32)
         if self.mins is not None:
-            mt = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32))
-            if pad:
-                mt = torch.cat([mt, mt.new_zeros((pad, mt.shape[1]))])
-            self.mins[p0 : p0 + panels] = mt.view(panels, PANEL, groups).permute(0, 2, 1)
+            self.mins[p0 : p0 + panels] = panelled(mins, np.float32)
+        if self.subscales is not None:
+            self.subscales[p0 : p0 + panels] = panelled(sub, np.int8)
+        if self.submins is not None:
+            self.submins[p0 : p0 + panels] = panelled(submins, np.int8)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] float32 -> [M, out]."""
         f = self.fmt
-        return kernel().linear(x, self.packed, self.scales, self.mins, self.out_features, f.group, f.bits, f.zero,
-                               bias)
+        return kernel().linear(x, self.packed, self.scales, self.mins, self.subscales, self.submins,
+                               self.out_features, f.group, f.bits, f.zero, f.gps, bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
         f = self.fmt
-        flat = kernel().dequantize_rows(self.packed, self.scales, self.mins, ids.reshape(-1), self.in_features,
-                                        f.group, f.bits, f.zero)
+        flat = kernel().dequantize_rows(self.packed, self.scales, self.mins, self.subscales, self.submins,
+                                        ids.reshape(-1), self.in_features, f.group, f.bits, f.zero, f.gps)
         return flat.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
@@ -181,9 +199,9 @@ def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_fea
     for r0 in range(0, out_features, _CHUNK_ROWS):
         part = raw[r0 : r0 + _CHUNK_ROWS]
         rows = part.shape[0]
-        u, scale, mins = decode(part.reshape(rows * blocks_per_row, block_bytes))
-        weight.fill(r0, u.reshape(rows, in_features), scale.reshape(rows, -1),
-                    None if mins is None else mins.reshape(rows, -1))
+        u, scale, sub, mins, submins = decode(part.reshape(rows * blocks_per_row, block_bytes))
+        weight.fill(r0, u.reshape(rows, in_features), *(None if a is None else a.reshape(rows, -1)
+                                                         for a in (scale, sub, mins, submins)))
     return weight
 
 
@@ -204,7 +222,8 @@ def quantize_float(weight: torch.Tensor, name: str = "q8_0") -> QuantWeight:
         v = g * inv[..., None]
         q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).clamp_(-127, 127).to(torch.int16) + 128
         d16 = d.to(torch.float16).to(torch.float32)
-        result.fill(r0, q.to(torch.uint8).reshape(-1, in_features).numpy(), d16.numpy(), None)
+        result.fill(r0, q.to(torch.uint8).reshape(-1, in_features).numpy(), d16.reshape(q.shape[0], -1).numpy(),
+                    None, None, None)
     return result
 
 
@@ -217,9 +236,8 @@ class QuantLinear(torch.nn.Module):
         super().__init__()
         self.qweight = weight
         self.in_features, self.out_features = weight.in_features, weight.out_features
-        self.register_buffer("packed", weight.packed)
-        self.register_buffer("scales", weight.scales)
-        self.register_buffer("mins", weight.mins)
+        for name, t in weight.tensors().items():
+            self.register_buffer(name, t)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -243,9 +261,8 @@ class QuantEmbedding(torch.nn.Module):
         self.qweight = weight
         self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
         self.padding_idx = padding_idx
-        self.register_buffer("packed", weight.packed)
-        self.register_buffer("scales", weight.scales)
-        self.register_buffer("mins", weight.mins)
+        for name, t in weight.tensors().items():
+            self.register_buffer(name, t)
         self.embed_scale = embed_scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,10 @@
 // Weights. Every format is held as unsigned integers u (4 or 8 bits) with, per group of G inputs of one output
 // (G = 16 or 32, the format's own sub-block), a float32 scale d and either an integer zero point z of the whole
 // tensor (w = d * (u - z): Q8_0, Q5_0, Q6_K, Q4_0) or a float32 min m (w = d * u - m: Q4_K). These are the
-// format's values exactly (d and m are the products of its fp16 super-block scales and its 6- or 8-bit
-// sub-block scales, exact in float32). They are packed once (quantized.py) into panels of 16 outputs:
+// format's values exactly. K-quants keep their two levels, as they ship: d = D * sc and m = Dmin * mc, a float32
+// D (Dmin) per super-block of `gps` groups and a small integer sc (mc) per group, whose product is exact in
+// float32 (an fp16 times a 6- or 8-bit integer), so a group costs 1-2 bytes of scales per output, not 4-8.
+// They are packed once (quantized.py) into panels of 16 outputs:
 // for each group, its G/4 quads of 4 inputs, each quad as 16 outputs x 4 bytes (one 512-bit vector); 4-bit
 // weights put quad i in the low nibbles and quad i + G/8 in the high nibbles of the same bytes.
 //
@@ -41,13 +43,30 @@ static const char* SIMD = "scalar";
 #endif
 
 constexpr int NO = 16;  // outputs per panel
-constexpr int MB = 8;   // rows per block
+constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
 
 struct Format {
   int G;      // inputs per group
   int bits;   // 4 or 8
   int zero;   // the zero point z, or -1: affine (a float min per group)
+  int gps;    // groups per super-block: 1, a float scale per group; more, a float per super-block times an int8 per group
 };
+
+// Where a panel's scales are: super [nsb][16] float (and supermin), sub [ng][16] int8 (and submin) when gps > 1.
+struct Scales {
+  const float* super;
+  const float* supermin;
+  const int8_t* sub;
+  const int8_t* submin;
+};
+
+// The scale (and min) of group g, output o: D * sc exactly as the format defines it.
+static inline float scale_at(const Format& f, const Scales& s, int64_t g, int o) {
+  return f.gps == 1 ? s.super[g * 16 + o] : s.super[(g / f.gps) * 16 + o] * (float)s.sub[g * 16 + o];
+}
+static inline float min_at(const Format& f, const Scales& s, int64_t g, int o) {
+  return f.gps == 1 ? s.supermin[g * 16 + o] : s.supermin[(g / f.gps) * 16 + o] * (float)s.submin[g * 16 + o];
+}
 
 static inline int64_t group_bytes(const Format& f) { return (int64_t)f.G * NO * f.bits / 8; }
 
@@ -85,7 +104,7 @@ static inline int weight_at(const uint8_t* gb, const Format& f, int o, int k) {
 }
 
 // Rows [0, R) against one panel: scalar, the same float operations in the same order as the vector path.
-static void panel_scalar(const Format& f, int R, const uint8_t* w, const float* d, const float* m, int64_t ng,
+static void panel_scalar(const Format& f, int R, const uint8_t* w, const Scales& sc, int64_t ng,
                          const int8_t* q, const float* s, const int32_t* a, int64_t K, float* y, int64_t ldy,
                          int ncols) {
   for (int r = 0; r < R; ++r) {
@@ -100,9 +119,9 @@ static void panel_scalar(const Format& f, int R, const uint8_t* w, const float* 
         int32_t D = 0;
         for (int k = 0; k < f.G; ++k) D += weight_at(gb, f, o, k) * (int32_t)qg[k];
         if (f.zero >= 0) {
-          acc[o] = std::fma((float)(D - f.zero * A), d[g * NO + o] * sa, acc[o]);
+          acc[o] = std::fma((float)(D - f.zero * A), scale_at(f, sc, g, o) * sa, acc[o]);
         } else {
-          const float inner = std::fma(d[g * NO + o], (float)D, -(m[g * NO + o] * (float)A));
+          const float inner = std::fma(scale_at(f, sc, g, o), (float)D, -(min_at(f, sc, g, o) * (float)A));
           acc[o] = std::fma(inner, sa, acc[o]);
         }
       }
@@ -112,14 +131,14 @@ static void panel_scalar(const Format& f, int R, const uint8_t* w, const float* 
 }
 
 #ifdef SPECSTRUCT_VNNI
-template <int R, int G, int BITS, bool AFFINE>
-static void panel_vnni(const uint8_t* __restrict w, const float* __restrict d, const float* __restrict m, int64_t ng,
+template <int R, int G, int BITS, bool AFFINE, bool SUB>
+static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const int32_t* __restrict a, int64_t K,
                        int zero, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
   __m512 acc[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < ng; ++g) {
@@ -138,10 +157,20 @@ static void panel_vnni(const uint8_t* __restrict w, const float* __restrict d, c
         wv[i + QUADS / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
     }
-    const __m512 dv = _mm512_loadu_ps(d + g * NO);
-    __m512 mv = _mm512_setzero_ps();
-    if constexpr (AFFINE) mv = _mm512_loadu_ps(m + g * NO);
-#pragma GCC unroll 8
+    __m512 dv, mv = _mm512_setzero_ps();
+    if constexpr (SUB) {
+      const int64_t sb = g / gps;
+      const __m512i subs = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.sub + g * NO)));
+      dv = _mm512_mul_ps(_mm512_loadu_ps(sc.super + sb * NO), _mm512_cvtepi32_ps(subs));
+      if constexpr (AFFINE) {
+        const __m512i mins = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.submin + g * NO)));
+        mv = _mm512_mul_ps(_mm512_loadu_ps(sc.supermin + sb * NO), _mm512_cvtepi32_ps(mins));
+      }
+    } else {
+      dv = _mm512_loadu_ps(sc.super + g * NO);
+      if constexpr (AFFINE) mv = _mm512_loadu_ps(sc.supermin + g * NO);
+    }
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const int8_t* qg = q + r * K + g * G;
       __m512i dot = _mm512_setzero_si512();
@@ -163,44 +192,82 @@ static void panel_vnni(const uint8_t* __restrict w, const float* __restrict d, c
     }
   }
   const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
-template <int G, int BITS, bool AFFINE>
-static void rows_vnni(int R, const uint8_t* w, const float* d, const float* m, int64_t ng, const int8_t* q,
+template <int G, int BITS, bool AFFINE, bool SUB>
+static void rows_vnni(int R, const uint8_t* w, const Scales& sc, int gps, int64_t ng, const int8_t* q,
                       const float* s, const int32_t* a, int64_t K, int zero, float* y, int64_t ldy, int ncols) {
   switch (R) {
-#define CASE(n) case n: return panel_vnni<n, G, BITS, AFFINE>(w, d, m, ng, q, s, a, K, zero, y, ldy, ncols);
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#define CASE(n) case n: return panel_vnni<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, a, K, zero, y, ldy, ncols);
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #undef CASE
   }
 }
 
-using RowsFn = void (*)(int, const uint8_t*, const float*, const float*, int64_t, const int8_t*, const float*,
+using RowsFn = void (*)(int, const uint8_t*, const Scales&, int, int64_t, const int8_t*, const float*,
                         const int32_t*, int64_t, int, float*, int64_t, int);
 
 static RowsFn pick(const Format& f) {
-  if (f.G == 32 && f.bits == 8 && f.zero >= 0) return rows_vnni<32, 8, false>;
-  if (f.G == 16 && f.bits == 8 && f.zero >= 0) return rows_vnni<16, 8, false>;
-  if (f.G == 32 && f.bits == 4 && f.zero < 0) return rows_vnni<32, 4, true>;
-  if (f.G == 32 && f.bits == 4 && f.zero >= 0) return rows_vnni<32, 4, false>;
-  if (f.G == 16 && f.bits == 4 && f.zero < 0) return rows_vnni<16, 4, true>;
+  const bool sub = f.gps > 1;
+  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0, Q5_0
+  if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vnni<32, 4, false, false>;  // Q4_0
+  if (f.G == 16 && f.bits == 8 && f.zero >= 0 && sub) return rows_vnni<16, 8, false, true>;    // Q6_K
+  if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vnni<32, 4, true, true>;      // Q4_K
   return nullptr;
 }
 #endif
 
-static Format check_format(int64_t G, int64_t bits, int64_t zero) {
+static Format check_format(int64_t G, int64_t bits, int64_t zero, int64_t gps) {
   TORCH_CHECK((G == 16 || G == 32) && (bits == 4 || bits == 8), "group size 16 or 32, 4 or 8 bits");
   TORCH_CHECK(zero >= -1 && zero < (1 << bits), "zero point: -1 (affine) or an unsigned value of the weight width");
-  return Format{(int)G, (int)bits, (int)zero};
+  TORCH_CHECK(gps >= 1, "groups per super-block: at least 1");
+  return Format{(int)G, (int)bits, (int)zero, (int)gps};
+}
+
+// The scale tensors of one weight, checked: super (and supermin) [P, nsb, 16] float32, sub (and submin)
+// [P, ng, 16] int8 when gps > 1.
+struct ScaleTensors {
+  const float* super;
+  const float* supermin;
+  const int8_t* sub;
+  const int8_t* submin;
+  int64_t super_stride, sub_stride;  // per panel
+  Scales panel(int64_t p) const {
+    return Scales{super + p * super_stride, supermin ? supermin + p * super_stride : nullptr,
+                  sub ? sub + p * sub_stride : nullptr, submin ? submin + p * sub_stride : nullptr};
+  }
+};
+
+static ScaleTensors check_scales(const Format& f, int64_t P, int64_t ng, const torch::Tensor& super,
+                                 const c10::optional<torch::Tensor>& supermin, const c10::optional<torch::Tensor>& sub,
+                                 const c10::optional<torch::Tensor>& submin) {
+  TORCH_CHECK(ng % f.gps == 0, "groups (", ng, ") are not a whole number of super-blocks of ", f.gps);
+  const int64_t nsb = ng / f.gps;
+  auto floats = [&](const torch::Tensor& t, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == P * nsb * NO, what,
+                ": [P, super-blocks, 16] float32");
+    return t.data_ptr<float>();
+  };
+  auto bytes = [&](const c10::optional<torch::Tensor>& t, const char* what) -> const int8_t* {
+    if (f.gps == 1) return nullptr;
+    TORCH_CHECK(t.has_value() && t->scalar_type() == at::kChar && t->is_contiguous() && t->numel() == P * ng * NO, what,
+                ": [P, groups, 16] int8");
+    return t->data_ptr<int8_t>();
+  };
+  const bool affine = f.zero < 0;
+  TORCH_CHECK(!affine || supermin.has_value(), "an affine format needs mins");
+  return ScaleTensors{floats(super, "scales"), affine ? floats(*supermin, "mins") : nullptr, bytes(sub, "sub-scales"),
+                      affine ? bytes(submin, "sub-mins") : nullptr, nsb * NO, ng * NO};
 }
 
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G, 16] float32 -> y [M, N].
 torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
-                     const c10::optional<torch::Tensor>& mins, int64_t N, int64_t G, int64_t bits, int64_t zero,
-                     const c10::optional<torch::Tensor>& bias) {
-  const Format f = check_format(G, bits, zero);
+                     const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                     const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits, int64_t zero,
+                     int64_t gps, const c10::optional<torch::Tensor>& bias) {
+  const Format f = check_format(G, bits, zero, gps);
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && !x_in.is_cuda(), "x: 2-D float32 on the CPU");
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
@@ -208,11 +275,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, con
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3 && packed.size(1) == ng &&
                   packed.size(2) == group_bytes(f), "packed weight: [P, K/G, G*16*bits/8] uint8, contiguous");
   TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == P * ng * NO,
-              "scales: [P, K/G, 16] float32");
-  const bool affine = f.zero < 0;
-  TORCH_CHECK(!affine || (mins.has_value() && mins->scalar_type() == at::kFloat && mins->is_contiguous() &&
-                          mins->numel() == P * ng * NO), "an affine format needs mins: [P, K/G, 16] float32");
+  const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   torch::Tensor y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   std::vector<int8_t> q(M * K);
@@ -220,28 +283,28 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, con
   std::vector<int32_t> a(M * ng);
   quantize_rows(x.data_ptr<float>(), M, K, f.G, q.data(), s.data(), a.data());
   const uint8_t* wd = packed.data_ptr<uint8_t>();
-  const float* dd = scales.data_ptr<float>();
-  const float* md = affine ? mins->data_ptr<float>() : nullptr;
   float* yd = y.data_ptr<float>();
-  const int64_t pbytes = ng * group_bytes(f), pscales = ng * NO;
+  const int64_t pbytes = ng * group_bytes(f);
 #ifdef SPECSTRUCT_VNNI
   const RowsFn fn = pick(f);
 #endif
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-      for (int64_t r = 0; r < M; r += MB) {
-        const int R = (int)std::min<int64_t>(MB, M - r);
+      const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
+      for (int64_t r = 0; r < M; r += even) {
+        const int R = (int)std::min<int64_t>(even, M - r);
         const uint8_t* w = wd + p * pbytes;
-        const float* d = dd + p * pscales;
-        const float* m = md ? md + p * pscales : nullptr;
+        const Scales sc = st.panel(p);
 #ifdef SPECSTRUCT_VNNI
         if (fn) {
-          fn(R, w, d, m, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, f.zero, yd + r * N + p * NO, N, ncols);
+          fn(R, w, sc, f.gps, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, f.zero, yd + r * N + p * NO,
+             N, ncols);
           continue;
         }
 #endif
-        panel_scalar(f, R, w, d, m, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * N + p * NO, N, ncols);
+        panel_scalar(f, R, w, sc, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * N + p * NO, N,
+                     ncols);
       }
     }
   });
@@ -251,47 +314,49 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, con
 
 // The same product on the scalar path, whatever the CPU (tests compare the two bitwise).
 torch::Tensor linear_scalar(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
-                            const c10::optional<torch::Tensor>& mins, int64_t N, int64_t G, int64_t bits, int64_t zero) {
-  const Format f = check_format(G, bits, zero);
+                            const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                            const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits,
+                            int64_t zero, int64_t gps) {
+  const Format f = check_format(G, bits, zero, gps);
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
-  TORCH_CHECK(K % f.G == 0 && packed.size(1) == ng && scales.numel() == P * ng * NO, "shapes do not match");
+  TORCH_CHECK(K % f.G == 0 && packed.size(1) == ng, "shapes do not match");
+  const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   torch::Tensor y = torch::empty({M, N}, x.options());
   std::vector<int8_t> q(M * K);
   std::vector<float> s(M * ng);
   std::vector<int32_t> a(M * ng);
   quantize_rows(x.data_ptr<float>(), M, K, f.G, q.data(), s.data(), a.data());
-  const float* md = f.zero < 0 ? mins->data_ptr<float>() : nullptr;
   for (int64_t p = 0; p < P; ++p)
-    panel_scalar(f, (int)M, packed.data_ptr<uint8_t>() + p * ng * group_bytes(f), scales.data_ptr<float>() + p * ng * NO,
-                 md ? md + p * ng * NO : nullptr, ng, q.data(), s.data(), a.data(), K, y.data_ptr<float>() + p * NO, N,
-                 (int)std::min<int64_t>(NO, N - p * NO));
+    panel_scalar(f, (int)M, packed.data_ptr<uint8_t>() + p * ng * group_bytes(f), st.panel(p), ng, q.data(), s.data(),
+                 a.data(), K, y.data_ptr<float>() + p * NO, N, (int)std::min<int64_t>(NO, N - p * NO));
   return y;
 }
 
 // The float32 weights of some outputs (rows of W): an embedding lookup, or de-quantizing for tests.
 torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& scales,
-                              const c10::optional<torch::Tensor>& mins, const torch::Tensor& rows, int64_t K,
-                              int64_t G, int64_t bits, int64_t zero) {
-  const Format f = check_format(G, bits, zero);
+                              const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                              const c10::optional<torch::Tensor>& submins, const torch::Tensor& rows, int64_t K,
+                              int64_t G, int64_t bits, int64_t zero, int64_t gps) {
+  const Format f = check_format(G, bits, zero, gps);
   const int64_t ng = K / f.G, P = packed.size(0);
+  const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   const torch::Tensor ids = rows.to(at::kLong).contiguous();
   const int64_t n = ids.numel();
   torch::Tensor out = torch::empty({n, K}, scales.options());
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < P * NO, "row ", id[i], " out of range");
   const uint8_t* wd = packed.data_ptr<uint8_t>();
-  const float* dd = scales.data_ptr<float>();
-  const float* md = f.zero < 0 ? mins->data_ptr<float>() : nullptr;
   float* od = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = id[i] / NO;
       const int o = (int)(id[i] % NO);
+      const Scales sc = st.panel(p);
       for (int64_t g = 0; g < ng; ++g) {
         const uint8_t* gb = wd + (p * ng + g) * group_bytes(f);
-        const float dv = dd[(p * ng + g) * NO + o];
-        const float mv = md ? md[(p * ng + g) * NO + o] : 0.f;
+        const float dv = scale_at(f, sc, g, o);
+        const float mv = f.zero < 0 ? min_at(f, sc, g, o) : 0.f;
         for (int k = 0; k < f.G; ++k) {
           const int u = weight_at(gb, f, o, k);
           od[i * K + g * f.G + k] = f.zero >= 0 ? dv * (float)(u - f.zero) : dv * (float)u - mv;

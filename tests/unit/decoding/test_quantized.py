@@ -39,7 +39,7 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 FORMATS = list(quantized.DECODERS)
 # (outputs, inputs): a partial last panel, several panels, one and several groups / super-blocks
-SHAPES = [(40, 256), (16, 512), (7, 256), (100, 768)]
+SHAPES = [(40, 256), (16, 512), (7, 256), (100, 768)]  # inputs: whole super-blocks of 256
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -79,7 +79,8 @@ def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
     shuffled = torch.randperm(21)
     assert torch.equal(weight.linear(x[shuffled]), every[shuffled])  # at another place
     f = weight.fmt
-    scalar = ext.linear_scalar(x, weight.packed, weight.scales, weight.mins, shape[0], f.group, f.bits, f.zero)
+    scalar = ext.linear_scalar(x, weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins,
+                               shape[0], f.group, f.bits, f.zero, f.gps)
     assert torch.equal(scalar, every)  # the portable path: the same float operations in the same order
 
 
