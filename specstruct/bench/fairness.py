@@ -26,6 +26,7 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
     from ..decoding.linear import dense  # torch, only when a model is fingerprinted
 
     params = list(model.named_parameters())
+    params += [(n, b) for n, b in model.named_buffers() if n.endswith(".packed")]  # quantized weights (decoding/quantized)
     if not params:
         raise ComparisonError(f"{type(model).__name__} has no parameters to fingerprint; pass a torch model.")
     picks = sorted({round(i * (len(params) - 1) / max(tensors - 1, 1)) for i in range(tensors)})

@@ -49,9 +49,13 @@ def sha256(path: Path) -> str:
 
 
 def registry_gguf(name: str, folder: Path) -> Path:
-    """The registry model's GGUF file as it ships (its parts concatenated, SHA-256 checked), cached in `folder`."""
+    """The registry model's GGUF file as it ships: the pulled one, else its parts concatenated (SHA-256 checked) and
+    cached in `folder`."""
     from ..models.provisioning import assemble
+    from ..models.registry import model_dir
 
+    if (model_dir(name) / "model.gguf").is_file():
+        return model_dir(name) / "model.gguf"
     path = folder / f"{name}.gguf"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
