@@ -1,8 +1,8 @@
 """A transformers model whose Linear and embedding weights stay in their GGUF block formats.
 
 The model is transformers' own class, built from the config with its parameters on the meta device (no float32
-copy is ever allocated). Each GGUF tensor is matched to its parameter by transformers' own name map
-(`get_gguf_hf_weights_map`); quantized Linear and embedding weights become decoding.quantized's QuantLinear /
+copy is ever allocated). Each GGUF tensor is matched to its parameter by gguf-py's tensor name map for the
+architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become decoding.quantized's QuantLinear /
 QuantEmbedding on the file's blocks, everything else (norms, biases, float tensors) is de-quantized and passed
 through the architecture's transformers tensor processor as transformers' GGUF loader does. A processor that
 reorders rows (llama's q/k permutation) is applied to the blocks as the same reordering of output rows.
@@ -10,12 +10,90 @@ reorders rows (llama's q/k permutation) is applied to the blocks as the same reo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
+
+
+@dataclass
+class Tensor:
+    name: str
+    kind: str           # the GGML type name: "Q4_K", "F32"
+    shape: tuple        # rows first (numpy order)
+    data: np.ndarray    # raw bytes [rows, bytes per row], a view of the mapped file
+
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+            12: "<f8"}
+
+
+def read_tensors(path: Path) -> list[Tensor]:
+    """The tensors of a GGUF file (v2/v3) as views of the mapped file. The metadata is skipped, not decoded: gguf's
+    GGUFReader decodes every field (a 151k-token vocabulary) and took 16 of a 1.5B model's 36 s load."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    at = 0
+
+    def take(dtype: str, count: int = 1):
+        nonlocal at
+        size = np.dtype(dtype).itemsize * count
+        out = mm[at : at + size].view(dtype)
+        at += size
+        return out
+
+    def string() -> str:
+        n = int(take("<u8")[0])
+        return bytes(take("u1", n)).decode("utf-8", "replace")
+
+    def skip(kind: int) -> None:
+        nonlocal at
+        if kind == 8:  # a string: its length, then its bytes
+            length = int(take("<u8")[0])
+            at += length
+        elif kind == 9:
+            inner, count = int(take("<u4")[0]), int(take("<u8")[0])
+            if inner in _SCALARS:
+                at += np.dtype(_SCALARS[inner]).itemsize * count
+            else:
+                for _ in range(count):
+                    skip(inner)
+        else:
+            at += np.dtype(_SCALARS[kind]).itemsize
+
+    if bytes(mm[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    at = 4
+    version = int(take("<u4")[0])
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = int(take("<u8")[0]), int(take("<u8")[0])
+    alignment = 32
+    for _ in range(n_kv):
+        key, kind = string(), int(take("<u4")[0])
+        if key == "general.alignment" and kind == 4:
+            alignment = int(take("<u4")[0])
+        else:
+            skip(kind)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [int(d) for d in take("<u8", int(take("<u4")[0]))]
+        infos.append((name, dims, int(take("<u4")[0]), int(take("<u8")[0])))
+    start = -(-at // alignment) * alignment
+    tensors = []
+    for name, dims, kind, offset in infos:
+        qtype = GGMLQuantizationType(kind)
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        row_bytes = dims[0] // block * size
+        data = mm[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), data))
+    return tensors
 
 
 def gguf_config(path: Path):
@@ -59,48 +137,70 @@ def _set(model: torch.nn.Module, dotted: str, value) -> None:
         parent._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
 
 
+# transformers' model types whose gguf-py architecture name differs (as transformers' own GGUF loader maps them)
+_ARCH_NAMES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
+               "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
+
+
+def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, by gguf-py's tensor name map for its architecture."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    cfg = model.config
+    wanted = _ARCH_NAMES.get(cfg.model_type, cfg.model_type)
+    arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == wanted), None)
+    if arch is None:
+        raise NotImplementedError(f"gguf-py has no architecture {wanted!r}; load this model with weights='float32'")
+    names = get_tensor_name_map(arch, cfg.num_hidden_layers)
+    mapping = {}
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        if gguf_name is not None:
+            mapping.setdefault(f"{gguf_name}.{suffix}", hf_name)
+    return mapping
+
+
 def load_quantized(path: Path, config=None) -> torch.nn.Module:
     """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept."""
     from accelerate import init_empty_weights
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     config = config if config is not None else gguf_config(path)
-    reader = GGUFReader(str(path))
-    names = {t.name for t in reader.tensors}
+    tensors = read_tensors(path)
+    names = {t.name for t in tensors}
     if "output.weight" in names and getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # the file ships its own LM head: use it, as llama.cpp does
     config.dtype = torch.float32
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary frequencies) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = _processor(config)
-    mapping = get_gguf_hf_weights_map(model, processor)
+    mapping = _gguf_names(model)
     modules = dict(model.named_modules())
-    quantized: dict[str, tuple] = {}
-    for tensor in reader.tensors:
+    quantized: dict[str, Tensor] = {}
+    for tensor in tensors:
         hf = mapping.get(tensor.name)
         if hf is None:
             continue
         owner, _, attr = hf.rpartition(".")
         module = modules.get(owner)
-        kind = tensor.tensor_type.name
-        if attr == "weight" and kind in DECODERS and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            quantized[owner] = (tensor, kind)
+        if attr == "weight" and tensor.kind in DECODERS and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            quantized[owner] = tensor
             continue
-        weights = dequantize(tensor.data, tensor.tensor_type)
+        weights = dequantize(tensor.data, GGMLQuantizationType[tensor.kind]).reshape(tensor.shape)
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
         _set(model, hf, torch.from_numpy(np.array(weights, dtype=np.float32)))
-    for owner, (tensor, kind) in quantized.items():
+    for owner, tensor in quantized.items():
         module = modules[owner]
-        rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists dimensions innermost first
-        data = np.asarray(tensor.data).reshape(rows, -1)
+        rows, cols = tensor.shape
+        data = tensor.data
         order = _row_order(processor, tensor.name, rows, mapping)
         if order is not None:
             data = data[order]
-        weight = from_gguf_blocks(kind, data, rows, cols)
+        weight = from_gguf_blocks(tensor.kind, data, rows, cols)
         if isinstance(module, torch.nn.Embedding):
             _set(model, owner, QuantEmbedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
         else:

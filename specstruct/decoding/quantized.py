@@ -155,8 +155,9 @@ class QuantWeight:
         ut = torch.from_numpy(np.ascontiguousarray(u, dtype=np.uint8))
         if pad:
             ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
-        v = ut.view(panels, PANEL, groups, fmt.group // 4, 4).permute(0, 2, 3, 1, 4)  # [P, ng, quads, 16, 4]
-        if fmt.bits == 4:
+        quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
+        v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
+        if fmt.bits == 4:  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
             half = fmt.group // 8
             v = v[:, :, :half] | (v[:, :, half:] << 4)
         self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)

@@ -83,6 +83,8 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     if not row_invariant_available(model) or not supported:
         p = next(model.parameters())
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
+        if quantized.describe(model):  # the blocks still compute on their kernel; the attention is the model's own
+            desc = f"{quantized.describe(model)} weights (block-quantized linear, {quantized.simd()}); {desc}"
         model._specstruct_numerics = desc
         return desc
     fixed = fixed_linear.kernel() is not None

@@ -66,3 +66,20 @@ def test_a_tokens_logits_are_the_same_bits_batched_cut_or_alone(pair, tok):
         got.append(mine)
         i += len(piece)
     assert torch.equal(torch.cat(got), every)
+
+
+def test_the_tensor_index_is_gguf_readers(tmp_path, tok, _kernel):
+    from gguf import GGUFReader
+
+    from specstruct.decoding.gguf_model import read_tensors
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_model(tok), path, "Q8_0")
+    ours, theirs = read_tensors(path), GGUFReader(str(path)).tensors
+    assert [(t.name, t.kind) for t in ours] == [(t.name, t.tensor_type.name) for t in theirs]
+    for a, b in zip(ours, theirs):
+        assert a.shape == tuple(int(d) for d in reversed(b.shape))
+        assert a.data.tobytes() == b.data.tobytes()
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04" + bytes(60))
+        read_tensors(tmp_path / "x.gguf")
