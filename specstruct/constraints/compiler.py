@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Sequence
 
 from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, read_entry, seal, write_atomic
-from specstruct.constraints.grammar_probe import probe
+from specstruct.constraints import grammar_worker
+from specstruct.constraints.grammar_probe import probe, trusted
 from specstruct.constraints.isolate import build_index_bytes
 from specstruct.constraints.json_llguidance import check_support, compile_json, parse_schema
 from specstruct.constraints.limits import check_regex, limits, too_complex
@@ -83,6 +84,8 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
         check_spec(spec)
         grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
         probe(grammar._m, vocab_size, (table.key, spec.source or ""), table.token_bytes)  # llguidance can loop
+        if not trusted(spec.source or "") and grammar_worker.available():  # ... also deeper in than the probe goes
+            grammar._m = grammar_worker.isolate(grammar._m)
         try:
             empty = not grammar.is_final() and not bool(grammar.mask().any())
         except ConstraintError:  # llguidance reports an empty language as a parser error at the first mask

@@ -45,6 +45,11 @@ def trust(source: str) -> str:
     return source
 
 
+def trusted(source: str) -> bool:
+    """Whether specstruct wrote this grammar itself (see `trust`)."""
+    return source in _TRUSTED
+
+
 def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any = None) -> None:
     """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit.
     `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step."""

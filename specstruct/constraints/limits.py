@@ -5,14 +5,16 @@ A server accepts user schemas and regexes, so no compile may take the process do
 - outlines_core builds its Index in native code that cannot be interrupted, and some short regexes make it
   run for minutes or allocate tens of GB (`(a{1,1000}){1,1000}`, `maxItems: 1e9` as `{0,999999999}`). It
   therefore runs in a separate worker process (isolate.py) under `memory_mb` (RLIMIT_AS) and `time_s`;
-- llguidance is lazy and bounded by its own fuel and size limits (`llguidance_limits()`), in-process;
+- llguidance is lazy and bounded by its own fuel and size limits (`llguidance_limits()`), in-process, except for
+  loops none of them stops: a user's Lark grammar's matcher runs in a forked child (grammar_worker.py), each call
+  under `mask_time_s`;
 - before either, `check_regex` and `check_schema` refuse inputs whose size is out of bounds, naming the limit.
 
 Every refusal is a ConstraintError that says which limit was hit and how to raise it. The defaults keep a
 2-core, 24 GB machine safe; override them per process with `set_limits(...)` or the environment variables
 SPECSTRUCT_COMPILE_TIME_S, SPECSTRUCT_COMPILE_MEMORY_MB, SPECSTRUCT_CONSTRAINT_CACHE_MB,
 SPECSTRUCT_DISK_CACHE_MB, SPECSTRUCT_MAX_REPEAT, SPECSTRUCT_MAX_REGEX_SIZE, SPECSTRUCT_MAX_SCHEMA_DEPTH,
-SPECSTRUCT_MAX_SCHEMA_BYTES, SPECSTRUCT_LEXER_FUEL.
+SPECSTRUCT_MAX_SCHEMA_BYTES, SPECSTRUCT_LEXER_FUEL, SPECSTRUCT_MASK_TIME_S.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class CompileLimits:
     # llguidance lexer work (regex derivatives) allowed for one compile and for one token mask: about 0.3-0.6 s on
     # a 2-core Xeon. llguidance's default (200k per mask) stopped two corpus schemas mid-output; this admits them.
     lexer_fuel: int = 4_000_000
+    # wall time of one call into a user's Lark grammar while generating (a mask, forced text, a token step): its
+    # matcher runs in a forked child (grammar_worker.py), killed past it, as no llguidance limit stops every loop
+    mask_time_s: float = 5.0
 
     def describe(self, name: str) -> str:
         env = "SPECSTRUCT_" + {"time_s": "COMPILE_TIME_S", "memory_mb": "COMPILE_MEMORY_MB",

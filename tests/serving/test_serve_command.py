@@ -28,9 +28,9 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def start(model_dir: Path) -> tuple[subprocess.Popen, str]:
+def start(model_dir: Path, **env_vars: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "SPECSTRUCT_API_KEY": "k", "OMP_NUM_THREADS": "1"}
+           "SPECSTRUCT_API_KEY": "k", "OMP_NUM_THREADS": "1", **env_vars}
     proc = subprocess.Popen([sys.executable, "-m", "specstruct", "serve", "--model", str(model_dir), "--no-draft",
                              "--port", "0", "--served-model-name", "tiny", "--shutdown-timeout", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
