@@ -35,7 +35,7 @@ class Format:
 
     name: str   # the GGUF type it came from ("Q4_K"), or "q8_0" for float weights quantized on load
     group: int  # inputs per scale
-    bits: int   # 4 or 8 per weight
+    bits: int   # 4, 5 or 8 per weight
     zero: int   # the zero point, or -1: a min per group
     gps: int = 1  # groups per super-block: >1, a group's scale is a float32 per super-block times an int8 per group
 
@@ -104,7 +104,7 @@ def _q6_k(blocks: np.ndarray):
 DECODERS = {
     "Q8_0": (_q8_0, Format("Q8_0", 32, 8, 128), 32, 34),
     "Q4_0": (_q4_0, Format("Q4_0", 32, 4, 8), 32, 18),
-    "Q5_0": (_q5_0, Format("Q5_0", 32, 8, 16), 32, 22),
+    "Q5_0": (_q5_0, Format("Q5_0", 32, 5, 16), 32, 22),
     "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1, gps=8), QK_K, 144),
     "Q6_K": (_q6_k, Format("Q6_K", 16, 8, 32, gps=16), QK_K, 210),
 }
@@ -114,7 +114,7 @@ DECODERS = {
 
 class QuantWeight:
     """A [out, in] weight in the kernel's panels: `packed` [P, groups, bytes]; `scales` (and `mins`) [P, super-blocks,
-    16] float32; for K-quants `subscales` (and `submins`) [P, groups, 16] int8."""
+    16] float16 (every format ships its scales in fp16); for K-quants `subscales` (and `submins`) [P, groups, 16] int8."""
 
     def __init__(self, fmt: Format, out_features: int, in_features: int):
         if in_features % (fmt.group * fmt.gps):
@@ -123,7 +123,7 @@ class QuantWeight:
         self.fmt, self.out_features, self.in_features = fmt, out_features, in_features
         panels, groups = -(-out_features // PANEL), in_features // fmt.group
         self.packed = torch.zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), dtype=torch.uint8)
-        self.scales = torch.zeros((panels, groups // fmt.gps, PANEL), dtype=torch.float32)
+        self.scales = torch.zeros((panels, groups // fmt.gps, PANEL), dtype=torch.float16)  # the file's own fp16
         self.mins = torch.zeros_like(self.scales) if fmt.zero < 0 else None
         sub = fmt.gps > 1
         self.subscales = torch.zeros((panels, groups, PANEL), dtype=torch.int8) if sub else None
@@ -157,13 +157,18 @@ class QuantWeight:
             ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
         quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
         v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
-        if fmt.bits == 4:  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
+        if fmt.bits in (4, 5):  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
             half = fmt.group // 8
-            v = v[:, :, :half] | (v[:, :, half:] << 4)
+            low = v & 0x0F
+            planes = [(low[:, :, :half] | (low[:, :, half:] << 4)).reshape(panels, groups, -1)]
+            if fmt.bits == 5:  # the fifth bits: one 64-bit mask per quad vector, bit k for byte k
+                high = np.packbits((v >> 4).numpy().astype(bool), axis=-1, bitorder="little")
+                planes.append(torch.from_numpy(high).reshape(panels, groups, -1))
+            v = torch.cat(planes, dim=-1)
         self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
-        self.scales[p0 : p0 + panels] = panelled(scale, np.float32)
+        self.scales[p0 : p0 + panels] = panelled(scale, np.float16)
         if self.mins is not None:
-            self.mins[p0 : p0 + panels] = panelled(mins, np.float32)
+            self.mins[p0 : p0 + panels] = panelled(mins, np.float16)
         if self.subscales is not None:
             self.subscales[p0 : p0 + panels] = panelled(sub, np.int8)
         if self.submins is not None:

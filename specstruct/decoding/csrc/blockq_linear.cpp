@@ -6,7 +6,9 @@
 // tensor (w = d * (u - z): Q8_0, Q5_0, Q6_K, Q4_0) or a float32 min m (w = d * u - m: Q4_K). These are the
 // format's values exactly. K-quants keep their two levels, as they ship: d = D * sc and m = Dmin * mc, a float32
 // D (Dmin) per super-block of `gps` groups and a small integer sc (mc) per group, whose product is exact in
-// float32 (an fp16 times a 6- or 8-bit integer), so a group costs 1-2 bytes of scales per output, not 4-8.
+// float32 (an fp16 times a 6- or 8-bit integer), so a group costs 1-2 bytes of scales per output, not 4-8. Every
+// D is the file's own fp16 (widening it is exact). 5-bit weights (Q5_0) are a 4-bit plane plus a plane of their
+// high bits, one 64-bit mask per quad vector: 0.69 bytes per weight, as the format ships.
 // They are packed once (quantized.py) into panels of 16 outputs:
 // for each group, its G/4 quads of 4 inputs, each quad as 16 outputs x 4 bytes (one 512-bit vector); 4-bit
 // weights put quad i in the low nibbles and quad i + G/8 in the high nibbles of the same bytes.
@@ -52,20 +54,21 @@ struct Format {
   int gps;    // groups per super-block: 1, a float scale per group; more, a float per super-block times an int8 per group
 };
 
-// Where a panel's scales are: super [nsb][16] float (and supermin), sub [ng][16] int8 (and submin) when gps > 1.
+// Where a panel's scales are: super [nsb][16] fp16 (and supermin), sub [ng][16] int8 (and submin) when gps > 1.
 struct Scales {
-  const float* super;
-  const float* supermin;
+  const c10::Half* super;
+  const c10::Half* supermin;
   const int8_t* sub;
   const int8_t* submin;
 };
 
 // The scale (and min) of group g, output o: D * sc exactly as the format defines it.
 static inline float scale_at(const Format& f, const Scales& s, int64_t g, int o) {
-  return f.gps == 1 ? s.super[g * 16 + o] : s.super[(g / f.gps) * 16 + o] * (float)s.sub[g * 16 + o];
+  return f.gps == 1 ? (float)s.super[g * 16 + o] : (float)s.super[(g / f.gps) * 16 + o] * (float)s.sub[g * 16 + o];
 }
 static inline float min_at(const Format& f, const Scales& s, int64_t g, int o) {
-  return f.gps == 1 ? s.supermin[g * 16 + o] : s.supermin[(g / f.gps) * 16 + o] * (float)s.submin[g * 16 + o];
+  return f.gps == 1 ? (float)s.supermin[g * 16 + o]
+                    : (float)s.supermin[(g / f.gps) * 16 + o] * (float)s.submin[g * 16 + o];
 }
 
 static inline int64_t group_bytes(const Format& f) { return (int64_t)f.G * NO * f.bits / 8; }
@@ -100,7 +103,10 @@ static inline int weight_at(const uint8_t* gb, const Format& f, int o, int k) {
   if (f.bits == 8) return gb[(quad * NO + o) * 4 + j];
   const int half = f.G / 8;
   const uint8_t b = gb[((quad % half) * NO + o) * 4 + j];
-  return quad < half ? (b & 0x0F) : (b >> 4);
+  const int low = quad < half ? (b & 0x0F) : (b >> 4);
+  if (f.bits == 4) return low;
+  const uint8_t* high = gb + f.G * NO / 2 + quad * 8;  // bit o*4+j of the quad's 64-bit mask
+  return low | (((high[o / 2] >> ((o % 2) * 4 + j)) & 1) << 4);
 }
 
 // Rows [0, R) against one panel: scalar, the same float operations in the same order as the vector path.
@@ -131,6 +137,10 @@ static void panel_scalar(const Format& f, int R, const uint8_t* w, const Scales&
 }
 
 #ifdef SPECSTRUCT_VNNI
+static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (exactly) to float32
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
 static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const int32_t* __restrict a, int64_t K,
@@ -156,19 +166,29 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
         wv[i] = _mm512_and_si512(v, low);
         wv[i + QUADS / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
+      if constexpr (BITS == 5) {
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        const uint8_t* high = gb + G * NO / 2;
+#pragma GCC unroll 8
+        for (int i = 0; i < QUADS; ++i) {
+          uint64_t bits;
+          std::memcpy(&bits, high + 8 * i, 8);
+          wv[i] = _mm512_or_si512(wv[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), sixteen));
+        }
+      }
     }
     __m512 dv, mv = _mm512_setzero_ps();
     if constexpr (SUB) {
       const int64_t sb = g / gps;
       const __m512i subs = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.sub + g * NO)));
-      dv = _mm512_mul_ps(_mm512_loadu_ps(sc.super + sb * NO), _mm512_cvtepi32_ps(subs));
+      dv = _mm512_mul_ps(half16(sc.super + sb * NO), _mm512_cvtepi32_ps(subs));
       if constexpr (AFFINE) {
         const __m512i mins = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.submin + g * NO)));
-        mv = _mm512_mul_ps(_mm512_loadu_ps(sc.supermin + sb * NO), _mm512_cvtepi32_ps(mins));
+        mv = _mm512_mul_ps(half16(sc.supermin + sb * NO), _mm512_cvtepi32_ps(mins));
       }
     } else {
-      dv = _mm512_loadu_ps(sc.super + g * NO);
-      if constexpr (AFFINE) mv = _mm512_loadu_ps(sc.supermin + g * NO);
+      dv = half16(sc.super + g * NO);
+      if constexpr (AFFINE) mv = half16(sc.supermin + g * NO);
     }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
@@ -213,6 +233,7 @@ static RowsFn pick(const Format& f) {
   const bool sub = f.gps > 1;
   if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0, Q5_0
   if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vnni<32, 4, false, false>;  // Q4_0
+  if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vnni<32, 5, false, false>;  // Q5_0
   if (f.G == 16 && f.bits == 8 && f.zero >= 0 && sub) return rows_vnni<16, 8, false, true>;    // Q6_K
   if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vnni<32, 4, true, true>;      // Q4_K
   return nullptr;
@@ -220,17 +241,17 @@ static RowsFn pick(const Format& f) {
 #endif
 
 static Format check_format(int64_t G, int64_t bits, int64_t zero, int64_t gps) {
-  TORCH_CHECK((G == 16 || G == 32) && (bits == 4 || bits == 8), "group size 16 or 32, 4 or 8 bits");
+  TORCH_CHECK((G == 16 || G == 32) && (bits == 4 || bits == 5 || bits == 8), "group size 16 or 32, 4, 5 or 8 bits");
   TORCH_CHECK(zero >= -1 && zero < (1 << bits), "zero point: -1 (affine) or an unsigned value of the weight width");
   TORCH_CHECK(gps >= 1, "groups per super-block: at least 1");
   return Format{(int)G, (int)bits, (int)zero, (int)gps};
 }
 
-// The scale tensors of one weight, checked: super (and supermin) [P, nsb, 16] float32, sub (and submin)
+// The scale tensors of one weight, checked: super (and supermin) [P, nsb, 16] float16, sub (and submin)
 // [P, ng, 16] int8 when gps > 1.
 struct ScaleTensors {
-  const float* super;
-  const float* supermin;
+  const c10::Half* super;
+  const c10::Half* supermin;
   const int8_t* sub;
   const int8_t* submin;
   int64_t super_stride, sub_stride;  // per panel
@@ -246,9 +267,9 @@ static ScaleTensors check_scales(const Format& f, int64_t P, int64_t ng, const t
   TORCH_CHECK(ng % f.gps == 0, "groups (", ng, ") are not a whole number of super-blocks of ", f.gps);
   const int64_t nsb = ng / f.gps;
   auto floats = [&](const torch::Tensor& t, const char* what) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == P * nsb * NO, what,
-                ": [P, super-blocks, 16] float32");
-    return t.data_ptr<float>();
+    TORCH_CHECK(t.scalar_type() == at::kHalf && t.is_contiguous() && t.numel() == P * nsb * NO, what,
+                ": [P, super-blocks, 16] float16");
+    return t.data_ptr<c10::Half>();
   };
   auto bytes = [&](const c10::optional<torch::Tensor>& t, const char* what) -> const int8_t* {
     if (f.gps == 1) return nullptr;
@@ -262,7 +283,8 @@ static ScaleTensors check_scales(const Format& f, int64_t P, int64_t ng, const t
                       affine ? bytes(submin, "sub-mins") : nullptr, nsb * NO, ng * NO};
 }
 
-// x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G, 16] float32 -> y [M, N].
+// x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
+// (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N].
 torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
                      const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                      const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits, int64_t zero,
@@ -343,7 +365,7 @@ torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& 
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   const torch::Tensor ids = rows.to(at::kLong).contiguous();
   const int64_t n = ids.numel();
-  torch::Tensor out = torch::empty({n, K}, scales.options());
+  torch::Tensor out = torch::empty({n, K}, scales.options().dtype(at::kFloat));
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < P * NO, "row ", id[i], " out of range");
   const uint8_t* wd = packed.data_ptr<uint8_t>();
