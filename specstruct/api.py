@@ -27,6 +27,7 @@ from .decoding.runtime import ModelRuntime, quantize_draft
 from .aio import AsyncCalls
 from .chunks import RETRYABLE, StreamChunks, deadline, final_text
 from .inputs import RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
+from .prompt_ids import chat_ids
 from .tool_replies import ToolReply, reply_spec
 
 T = TypeVar("T")
@@ -140,13 +141,10 @@ class SpecStruct(AsyncCalls):
 
     def _encode(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new_tokens: int) -> list[int]:
         tok = self.tokenizer
-        if isinstance(messages, RawPrompt):
-            text = messages.text
-        elif getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        else:
-            text = "\n\n".join(str(m["content"]) for m in messages) + "\n\n"
-        ids = tok.encode(text, add_special_tokens=isinstance(messages, RawPrompt))  # a template writes its own BOS
+        if isinstance(messages, RawPrompt):  # its author's control tokens are meant: encoded as written
+            ids = tok.encode(messages.text, add_special_tokens=True)
+        else:  # only the template's own markers are control tokens, never a message's text (prompt_ids.py)
+            ids = chat_ids(tok, messages, tools)
         limit = self.runtime.max_length
         if limit and len(ids) + max_new_tokens > limit:
             raise too_long(messages, ids, tok, max_new_tokens, limit)
