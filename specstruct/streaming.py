@@ -15,10 +15,15 @@ class IncrementalDetokenizer:
     the joined deltas are always a prefix of the final `Result.text`."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), code_fence: bool = False):
-        self.tokenizer, self.stop, self.code_fence = tokenizer, list(stop), code_fence
-        self.ids: list[int] = []
-        self.text = ""  # everything decoded so far
+        self.stop, self.code_fence = list(stop), code_fence
+        self._scan = stops.StopScanner(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.stop,
+                                       code_fence)  # each token decoded a bounded number of times: linear
         self.emitted = 0  # characters already handed out
+
+    @property
+    def text(self) -> str:
+        """Everything decoded so far."""
+        return self._scan.text.text
 
     @property
     def safe_text(self) -> str:
@@ -26,13 +31,13 @@ class IncrementalDetokenizer:
         return self.text[: self.emitted]
 
     def push(self, ids: Sequence[int]) -> str:
-        self.ids.extend(ids)
-        self.text = text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        if self._scan.start is not None:  # past a stop: nothing more, ever
             return ""
-        end = stops.stop_index(text, self.stop, self.code_fence)
+        self._scan.push(ids)
+        text = self.text
+        end = self._scan.start
         if end is None:
-            end = len(text) - stops.held_back(text, self.stop, self.code_fence)
+            end = len(text) - self._scan.held_back()
         if end <= self.emitted:
             return ""
         delta, self.emitted = text[self.emitted : end], end

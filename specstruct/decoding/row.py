@@ -18,7 +18,7 @@ from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from .interfaces import Constraint
 from .policy import AdaptivePolicy
-from .stops import stop_tokens
+from .stops import StopScanner
 from .verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
 
@@ -79,6 +79,7 @@ class Row:
         self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.numerics)
         self.constraint = _Timed(constraint, self.stats)
         self.token_ids: list[int] = []
+        self._stops: StopScanner | None = None  # made at the first stop check
         self.finish_reason = "length"
         self.error: BaseException | None = None
         self.finished = False
@@ -134,8 +135,10 @@ class Row:
         code = self.constraint.mode == "code"
         if not self.config.stop and not code:
             return False
-        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        n = stop_tokens(decode, self.token_ids, self.config.stop, code_fence=code)
+        if self._stops is None:  # searches only the new text each time: linear in the output, not quadratic
+            decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            self._stops = StopScanner(decode, self.config.stop, code_fence=code)
+        n = self._stops.push(self.token_ids[len(self._stops.ends):])
         if n is None:
             return False
         del self.token_ids[n:]
