@@ -35,7 +35,7 @@ class Format:
 
     name: str   # the GGUF type it came from ("Q4_K"), or "q8_0" for float weights quantized on load
     group: int  # inputs per scale
-    bits: int   # 4, 5 or 8 per weight
+    bits: int   # 4, 5, 6 or 8 per weight
     zero: int   # the zero point, or -1: a min per group
     gps: int = 1  # groups per super-block: >1, a group's scale is a float32 per super-block times an int8 per group
 
@@ -106,7 +106,7 @@ DECODERS = {
     "Q4_0": (_q4_0, Format("Q4_0", 32, 4, 8), 32, 18),
     "Q5_0": (_q5_0, Format("Q5_0", 32, 5, 16), 32, 22),
     "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1, gps=8), QK_K, 144),
-    "Q6_K": (_q6_k, Format("Q6_K", 16, 8, 32, gps=16), QK_K, 210),
+    "Q6_K": (_q6_k, Format("Q6_K", 16, 6, 32, gps=16), QK_K, 210),
 }
 
 
@@ -157,13 +157,14 @@ class QuantWeight:
             ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
         quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
         v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
-        if fmt.bits in (4, 5):  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
+        if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
             half = fmt.group // 8
             low = v & 0x0F
             planes = [(low[:, :, :half] | (low[:, :, half:] << 4)).reshape(panels, groups, -1)]
-            if fmt.bits == 5:  # the fifth bits: one 64-bit mask per quad vector, bit k for byte k
-                high = np.packbits((v >> 4).numpy().astype(bool), axis=-1, bitorder="little")
-                planes.append(torch.from_numpy(high).reshape(panels, groups, -1))
+            if fmt.bits > 4:  # bits 4 and up: per quad vector and bit, a 64-bit mask with bit k for byte k
+                high = np.stack([((v >> (4 + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - 4)], axis=3)
+                masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - 4, 8]
+                planes.append(torch.from_numpy(masks).reshape(panels, groups, -1))
             v = torch.cat(planes, dim=-1)
         self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
         self.scales[p0 : p0 + panels] = panelled(scale, np.float16)

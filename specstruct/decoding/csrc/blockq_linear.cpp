@@ -7,8 +7,9 @@
 // format's values exactly. K-quants keep their two levels, as they ship: d = D * sc and m = Dmin * mc, a float32
 // D (Dmin) per super-block of `gps` groups and a small integer sc (mc) per group, whose product is exact in
 // float32 (an fp16 times a 6- or 8-bit integer), so a group costs 1-2 bytes of scales per output, not 4-8. Every
-// D is the file's own fp16 (widening it is exact). 5-bit weights (Q5_0) are a 4-bit plane plus a plane of their
-// high bits, one 64-bit mask per quad vector: 0.69 bytes per weight, as the format ships.
+// D is the file's own fp16 (widening it is exact). 5- and 6-bit weights (Q5_0, Q6_K) are a 4-bit plane plus one or
+// two planes of their high bits, one 64-bit mask per quad vector and bit: 0.69 and 0.82 bytes per weight, as the
+// formats ship.
 // They are packed once (quantized.py) into panels of 16 outputs:
 // for each group, its G/4 quads of 4 inputs, each quad as 16 outputs x 4 bytes (one 512-bit vector); 4-bit
 // weights put quad i in the low nibbles and quad i + G/8 in the high nibbles of the same bytes.
@@ -104,9 +105,12 @@ static inline int weight_at(const uint8_t* gb, const Format& f, int o, int k) {
   const int half = f.G / 8;
   const uint8_t b = gb[((quad % half) * NO + o) * 4 + j];
   const int low = quad < half ? (b & 0x0F) : (b >> 4);
-  if (f.bits == 4) return low;
-  const uint8_t* high = gb + f.G * NO / 2 + quad * 8;  // bit o*4+j of the quad's 64-bit mask
-  return low | (((high[o / 2] >> ((o % 2) * 4 + j)) & 1) << 4);
+  int u = low;
+  for (int b = 0; b < f.bits - 4; ++b) {  // bit o*4+j of the quad's 64-bit mask for bit 4 + b
+    const uint8_t* high = gb + f.G * NO / 2 + (quad * (f.bits - 4) + b) * 8;
+    u |= ((high[o / 2] >> ((o % 2) * 4 + j)) & 1) << (4 + b);
+  }
+  return u;
 }
 
 // Rows [0, R) against one panel: scalar, the same float operations in the same order as the vector path.
@@ -166,15 +170,16 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
         wv[i] = _mm512_and_si512(v, low);
         wv[i + QUADS / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
-      if constexpr (BITS == 5) {
-        const __m512i sixteen = _mm512_set1_epi8(16);
+      if constexpr (BITS > 4) {  // the high bit planes: for quad i, bit b, a 64-bit mask of the bytes that have it
         const uint8_t* high = gb + G * NO / 2;
 #pragma GCC unroll 8
-        for (int i = 0; i < QUADS; ++i) {
-          uint64_t bits;
-          std::memcpy(&bits, high + 8 * i, 8);
-          wv[i] = _mm512_or_si512(wv[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), sixteen));
-        }
+        for (int i = 0; i < QUADS; ++i)
+#pragma GCC unroll 2
+          for (int b = 0; b < BITS - 4; ++b) {
+            uint64_t bits;
+            std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
+            wv[i] = _mm512_or_si512(wv[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(16 << b)));
+          }
       }
     }
     __m512 dv, mv = _mm512_setzero_ps();
@@ -234,14 +239,14 @@ static RowsFn pick(const Format& f) {
   if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0, Q5_0
   if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vnni<32, 4, false, false>;  // Q4_0
   if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vnni<32, 5, false, false>;  // Q5_0
-  if (f.G == 16 && f.bits == 8 && f.zero >= 0 && sub) return rows_vnni<16, 8, false, true>;    // Q6_K
+  if (f.G == 16 && f.bits == 6 && f.zero >= 0 && sub) return rows_vnni<16, 6, false, true>;    // Q6_K
   if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vnni<32, 4, true, true>;      // Q4_K
   return nullptr;
 }
 #endif
 
 static Format check_format(int64_t G, int64_t bits, int64_t zero, int64_t gps) {
-  TORCH_CHECK((G == 16 || G == 32) && (bits == 4 || bits == 5 || bits == 8), "group size 16 or 32, 4, 5 or 8 bits");
+  TORCH_CHECK((G == 16 || G == 32) && bits >= 4 && bits <= 8 && bits != 7, "group size 16 or 32, 4, 5, 6 or 8 bits");
   TORCH_CHECK(zero >= -1 && zero < (1 << bits), "zero point: -1 (affine) or an unsigned value of the weight width");
   TORCH_CHECK(gps >= 1, "groups per super-block: at least 1");
   return Format{(int)G, (int)bits, (int)zero, (int)gps};
