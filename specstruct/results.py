@@ -78,7 +78,7 @@ class Stats:
 class Result(Generic[T]):
     """The value, its text and tokens, and how it was decoded.
 
-    Losslessness: with row-invariant numerics (`stats.numerics` starts with "float32, row-invariant": CPU,
+    Losslessness: with row-invariant numerics (`stats.numerics` says "row-invariant": CPU, GGUF blocks or
     float32, an architecture the row-wise attention is exact for), greedy speculative output equals greedy
     target-only output token for token. With stock numerics (CUDA, bfloat16/float16, sliding windows,
     soft-capping, attention sinks; `stats.numerics` names the reason) every token is still the target's own

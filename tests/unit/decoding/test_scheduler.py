@@ -96,9 +96,9 @@ def test_batch_config_validates_its_keys(tok, target):
 
 
 def test_from_pretrained_takes_batch_config(tok, target, monkeypatch):
-    import specstruct.models.loading as loading
+    import specstruct.decoding.gguf_model as gguf_model
 
-    monkeypatch.setattr(loading, "load", lambda *a, **k: (target, tok))
+    monkeypatch.setattr(gguf_model, "load_model", lambda *a, **k: (target, tok))
     with ss.SpecStruct.from_pretrained("tiny", batch_config={"max_batch_size": 3, "timeout_ms": 0}) as e:
         assert e.scheduler.config == ss.BatchConfig(max_batch_size=3, timeout_ms=0)
     with pytest.raises(ValidationError, match="max_batch"):
