@@ -16,6 +16,7 @@ import typer
 from specstruct.cli.support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
                                     EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats,
                                     read_text, load_schema, render_value, state)
+from specstruct.serving.ray.extract import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_OTHER", "EXIT_USAGE", "EXIT_CONSTRAINT", "EXIT_MODEL_MISSING",
            "EXIT_INCOMPLETE"]
@@ -185,6 +186,13 @@ def extract(
     output: Optional[str] = typer.Option(None, "--output", help="--ray: JSON-lines file written in input order "
                                          "(value, raw_text, error, stats per line)."),
     actors: int = typer.Option(1, "--actors", min=1, help="--ray: engines (one per Ray actor)."),
+    max_input_tokens: int = typer.Option(
+        DEFAULT_MAX_INPUT_TOKENS, "--max-input-tokens", min=0, help="Most prompt tokens per row (text, "
+        "template and schema instruction; the model's window applies too). A longer row is an error row at once, "
+        "not a stall: on a CPU a prompt of tens of thousands of tokens takes many minutes. 0: no limit."),
+    row_timeout: float = typer.Option(
+        DEFAULT_ROW_TIMEOUT_S, "--row-timeout", min=0, help="Seconds one row may take; past it the row is "
+        "cancelled and (--ray) written as an error row while the job goes on. 0: no limit."),
 ) -> None:
     """Extract a typed JSON object from a text; prints JSON valid against the schema on stdout.
 
@@ -201,13 +209,22 @@ def extract(
             from specstruct.serving.ray.cli import run_cli_job
 
             return run_cli_job(schema_obj, input_, output, text, model, draft, no_draft, max_new_tokens, actors,
-                               EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj)))
+                               EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj)), max_input_tokens, row_timeout)
         if text is None:
             raise fail("--text is required (or --ray --input FILE --output FILE for a JSON-lines file)", EXIT_USAGE)
         body = read_text(text, "--text")
         engine = _engine(model, draft, no_draft, max_new_tokens)
         system = EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj))
-        _emit(engine, f"Text:\n{body}", schema_obj, False, stats, system=system, max_new_tokens=max_new_tokens)
+        from specstruct.errors import RequestTimeoutError
+        from specstruct.serving.ray.extract import RowLimits, check_tokens, timeout_error
+
+        limits = RowLimits(max_input_tokens, row_timeout)  # the same limits as one row of a --ray job
+        check_tokens(engine, f"Text:\n{body}", schema_obj, limits, system=system)
+        try:
+            _emit(engine, f"Text:\n{body}", schema_obj, False, stats, system=system, max_new_tokens=max_new_tokens,
+                  timeout=row_timeout or None)
+        except RequestTimeoutError:
+            raise timeout_error(limits) from None
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

@@ -9,9 +9,10 @@ Importing this package does not import ray; `extract` imports it when called, `b
 from typing import Any
 
 from specstruct.serving.ray.engines import EngineFactory, Pretrained, engine_factory
-from specstruct.serving.ray.extract import RESULT_COLUMNS, extract
+from specstruct.serving.ray.extract import RESULT_COLUMNS, RowLimitError, RowLimits, extract
 
-__all__ = ["extract", "build_app", "EngineFactory", "Pretrained", "engine_factory", "RESULT_COLUMNS"]
+__all__ = ["extract", "build_app", "EngineFactory", "Pretrained", "engine_factory", "RESULT_COLUMNS", "RowLimits",
+           "RowLimitError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ def resolve_draft(model: str, draft: Optional[str], no_draft: bool) -> Optional[
 
 def run_cli_job(schema: dict[str, Any], input_path: Optional[str], output_path: Optional[str], text: Optional[str],
                 model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Optional[int], actors: int,
-                system: str) -> None:
+                system: str, max_input_tokens: int, row_timeout: float) -> None:
     """`specstruct extract --ray`: check the options, run, print a one-line summary on stderr."""
     if text is not None:
         raise fail("--text reads one document; with --ray pass --input FILE.jsonl instead", EXIT_USAGE)
@@ -48,26 +48,34 @@ def run_cli_job(schema: dict[str, Any], input_path: Optional[str], output_path: 
 
     config = {"max_new_tokens": max_new_tokens} if max_new_tokens else None
     summary = extract_jsonl(input_path, output_path, schema, model=model, draft=resolve_draft(model, draft, no_draft),
-                            config=config, system=system, prompt="Text:\n{text}", actors=actors)
+                            config=config, system=system, prompt="Text:\n{text}", actors=actors,
+                            max_input_tokens=max_input_tokens, row_timeout=row_timeout)
     typer.echo(f"{summary['rows']} rows, {summary['errors']} errors -> {output_path}", err=True)
 
 
-def check_input(path: str, column: str) -> None:
-    """The first line of a JSON-lines input, read here: a file that is not JSON lines, or lacks the column, fails
-    before Ray starts, with the fix (inside a Ray task the message would be lost in a worker's traceback)."""
+def check_input(path: str, column: str, lines: int = 100) -> None:
+    """The first lines of a JSON-lines input, read here: a file none of whose first `lines` lines is a JSON object
+    with the column (not JSON lines, or the wrong field name) fails before Ray starts, with the fix (inside a Ray task
+    the message would be lost in a worker's traceback). A single bad line among good ones is that row's error."""
+    import itertools
     import json
 
+    first = None
     with open(path, encoding="utf-8", errors="replace") as f:
-        first = next((line for line in f if line.strip()), None)
+        for line in itertools.islice((line for line in f if line.strip()), lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                row = exc
+            if isinstance(row, dict) and column in row:
+                return
+            first = row if first is None else first
     if first is None:
         return  # an empty file: zero rows, written as an empty output
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError as exc:
-        raise fail(f"--input {path}: not JSON lines (first line: {exc})", EXIT_USAGE) from None
-    if not isinstance(row, dict) or column not in row:
-        raise fail(f"--input {path}: each line must be a JSON object with a {column!r} field; the first line has "
-                   f"{sorted(row) if isinstance(row, dict) else type(row).__name__}", EXIT_USAGE)
+    if isinstance(first, json.JSONDecodeError):
+        raise fail(f"--input {path}: not JSON lines (first line: {first})", EXIT_USAGE)
+    raise fail(f"--input {path}: each line must be a JSON object with a {column!r} field; the first line has "
+               f"{sorted(first) if isinstance(first, dict) else type(first).__name__}", EXIT_USAGE)
 
 
 def check_models_here(*names: Optional[str]) -> None:

@@ -78,19 +78,24 @@ def _run_one(engine: Any, prompt: Any, output_type: Any) -> Any:
 
 
 def run_batch(engine: Any, prompts: Sequence[Any], output_type: Any) -> list[Any]:
-    """One Result (or the exception it raised) per prompt, in order; never raises for one bad prompt.
+    """One Result (or the exception it raised) per prompt, in order; never raises for one bad prompt."""
+    return run_each(engine, prompts, lambda p: _run_one(engine, p, output_type))
 
-    A batching engine (one with `batch_config`, whose scheduler decodes concurrent calls together) gets every prompt
+
+def run_each(engine: Any, items: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
+    """`fn(item)` for every item, in order (fn runs one row on the engine and returns its outcome).
+
+    A batching engine (one with `batch_config`, whose scheduler decodes concurrent calls together) gets every item
     at once, as `generate_many` feeds it; `run` is called rather than `generate_many` because a row needs the
-    Result (raw text, finish reason, stats), not only the value. Other engines run the prompts in turn."""
+    Result (raw text, finish reason, stats), not only the value. Other engines run the items in turn."""
     batch = getattr(engine, "batch_config", None)
-    if batch is None or len(prompts) < 2:
-        return [_run_one(engine, p, output_type) for p in prompts]
+    if batch is None or len(items) < 2:
+        return [fn(item) for item in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    workers = min(len(prompts), batch.max_batch_size + max(1, min(batch.max_queue, batch.max_batch_size)))
+    workers = min(len(items), batch.max_batch_size + max(1, min(batch.max_queue, batch.max_batch_size)))
     with ThreadPoolExecutor(workers, thread_name_prefix="specstruct-ray") as pool:
-        return list(pool.map(lambda p: _run_one(engine, p, output_type), prompts))
+        return list(pool.map(fn, items))
 
 
 def check_engine(engine: Any) -> None:

@@ -5,17 +5,20 @@
     out = ssr.extract(ds, Invoice, model="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", actors=4)
     out.write_json("invoices/")                                  # lazy until written or iterated
 
-A row that fails (validation retries exhausted, output cut by max_new_tokens, prompt too long, text missing) gets
-`error` set and `value` null; it never fails the job. Errors that concern the whole job (unknown column, a schema that
-cannot compile, a model that cannot load) raise, as they would without Ray.
+A row that fails (validation retries exhausted, output cut by max_new_tokens, prompt past the model's window, text
+missing) gets `error` set and `value` null; it never fails the job. So does a row past a per-row limit (RowLimits:
+`max_input_tokens`, `row_timeout`), at once: one long document cannot stall its batch for hours. Errors that concern
+the whole job (unknown column, a schema that cannot compile, a model that cannot load) raise, as they would without
+Ray.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from specstruct.serving.ray.engines import engine_factory, require_ray, run_batch
+from specstruct.serving.ray.engines import engine_factory, require_ray, run_each
 
 RESULT_COLUMNS = ("value", "raw_text", "finish_reason", "error", "error_type", "attempts", "prompt_tokens",
                   "new_tokens", "target_forwards", "acceptance_rate", "tokens_per_forward", "elapsed_s")
@@ -23,8 +26,71 @@ _INT_COLUMNS = ("attempts", "prompt_tokens", "new_tokens", "target_forwards")
 _FLOAT_COLUMNS = ("acceptance_rate", "tokens_per_forward", "elapsed_s")
 
 
+DEFAULT_MAX_INPUT_TOKENS = 8192  # a CPU prefills this in well under a minute; a GPU, in a blink
+DEFAULT_ROW_TIMEOUT_S = 300.0
+
+
 class BadInputError(ValueError):
     """One row's input cannot be turned into a prompt (missing, empty or not text)."""
+
+
+class RowLimitError(ValueError):
+    """One row is past a per-row limit (its prompt's tokens, its seconds); the message names the limit and its flag."""
+
+    def __init__(self, message: str, prompt_tokens: int | None = None):
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+
+
+@dataclass(frozen=True)
+class RowLimits:
+    """What one row may cost. A row past a limit is an error row (RowLimitError), never a stall of the job.
+
+    max_input_tokens  the row's whole prompt (system message, schema instruction, template, text) in tokens; a
+                      longer row is refused before it reaches the model (the model's window applies as well)
+    row_timeout       seconds one row may take, queue and decoding and retries together; then it is cancelled
+    None or 0: no limit."""
+
+    max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS
+    row_timeout: float | None = DEFAULT_ROW_TIMEOUT_S
+
+    def __post_init__(self):
+        for name, flag in (("max_input_tokens", "--max-input-tokens"), ("row_timeout", "--row-timeout")):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"{name}={value!r} ({flag}): give a number >= 0 (0 or None: no limit)")
+
+
+def run_row(engine: Any, text: Any, template: str | Callable[[str], Any], system: str | None, output_type: Any,
+            limits: RowLimits) -> Any:
+    """One row on the engine: its Result, or the exception that becomes its error row (never raised)."""
+    from specstruct.errors import RequestTimeoutError
+
+    try:
+        prompt = make_prompt(text, template, system)
+        check_tokens(engine, prompt, output_type, limits)
+        return engine.run(prompt, output_type, timeout=limits.row_timeout or None)
+    except RequestTimeoutError:
+        return timeout_error(limits)
+    except Exception as exc:  # noqa: BLE001 - recorded as this row's error
+        return exc
+
+
+def check_tokens(engine: Any, prompt: Any, output_type: Any, limits: RowLimits, system: str | None = None) -> None:
+    """RowLimitError past max_input_tokens (PromptTooLongError past the model's window), before any decoding."""
+    tokens = len(engine.prompt_ids(prompt, output_type, system=system))
+    limit = limits.max_input_tokens
+    if limit and tokens > limit:
+        raise RowLimitError(f"the row's prompt has {tokens} tokens, past the limit of {limit} (--max-input-tokens "
+                            f"{limit}; max_input_tokens={limit} in Python): shorten or split the text, or raise the "
+                            "limit", tokens)
+
+
+def timeout_error(limits: RowLimits) -> RowLimitError:
+    seconds = limits.row_timeout
+    return RowLimitError(f"the row ran past its time limit of {seconds:g} s (--row-timeout {seconds:g}; "
+                         f"row_timeout={seconds:g} in Python) and was cancelled: raise the limit, or shorten the text "
+                         "or max_new_tokens")
 
 
 def value_json(value: Any) -> str:
@@ -45,6 +111,7 @@ def result_row(outcome: Any) -> dict[str, Any]:
                    raw_text=getattr(outcome, "text", None))
         if type(outcome).__name__ == "IncompleteOutputError":  # cut by max_new_tokens: rerun these with more
             row.update(finish_reason="length", attempts=1)
+        row.update(prompt_tokens=getattr(outcome, "prompt_tokens", None))
         attempts = getattr(outcome, "attempts", None)
         if attempts:  # ValidationRetryError: the last attempt's text and stats
             row.update(raw_text=attempts[-1].get("text"), attempts=len(attempts))
@@ -80,9 +147,10 @@ class Extractor:
     """The Ray Data UDF: builds the engine once (in the actor), then turns each pandas batch into result rows."""
 
     def __init__(self, factory: Callable[[], Any], output_type: Any, template: str | Callable[[str], Any],
-                 column: str, system: str | None):
+                 column: str, system: str | None, limits: RowLimits = RowLimits()):
         self.engine = factory()
         self.output_type, self.template, self.column, self.system = output_type, template, column, system
+        self.limits = limits
 
     def __call__(self, batch):
         import pyarrow as pa
@@ -93,17 +161,9 @@ class Extractor:
         if clash:
             raise ValueError(f"the dataset already has columns {clash}, which extract writes its results into; "
                              "rename them (ds.rename_columns) or drop them")
-        outcomes: list[Any] = [None] * len(batch)
-        prompts, where = [], []
         texts = batch[self.column].astype(object)
-        for i, text in enumerate(texts.where(texts.notna(), None).tolist()):
-            try:
-                prompts.append(make_prompt(text, self.template, self.system))
-                where.append(i)
-            except BadInputError as exc:
-                outcomes[i] = exc
-        for i, outcome in zip(where, run_batch(self.engine, prompts, self.output_type)):
-            outcomes[i] = outcome
+        outcomes = run_each(self.engine, texts.where(texts.notna(), None).tolist(), lambda text: run_row(
+            self.engine, text, self.template, self.system, self.output_type, self.limits))
         rows = [result_row(o) for o in outcomes]
         # Arrow columns with fixed types: a block whose rows all succeeded (error all null) or all failed (value
         # all null) must not get a `null` column, or the blocks of one job cannot be read back as one table.
@@ -118,7 +178,8 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
             config: dict[str, Any] | None = None, prompt: str | Callable[[str], Any] = "{text}",
             system: str | None = None, column: str = "text", actors: int | tuple[int, int] = 1,
             batch_size: int = 16, num_cpus: float | None = 1, num_gpus: float | None = None,
-            preserve_order: bool = True, **map_batches_kwargs: Any):
+            preserve_order: bool = True, max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
+            row_timeout: float | None = DEFAULT_ROW_TIMEOUT_S, **map_batches_kwargs: Any):
     """Extract `output_type` from every row of a Ray Dataset; returns a lazy Dataset with the input columns plus
     `value` (JSON text, null on error), `raw_text`, `finish_reason`, `error` / `error_type` (null when the row
     succeeded), `attempts` and the speculation stats `prompt_tokens`, `new_tokens`, `target_forwards`,
@@ -134,12 +195,15 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
     batch_size   rows handed to one engine call (decoded concurrently when the engine batches)
     num_cpus, num_gpus  per actor; on CPU, Ray sets each actor's torch threads to num_cpus
     preserve_order  output rows in input order (sets the dataset's DataContext preserve_order)
+    max_input_tokens, row_timeout  per-row limits (RowLimits; None or 0: none): a row past one is an error row
+    A batch's rows come back together: for rows written as each finishes, use `extract_jsonl` (jobs.py)
     map_batches_kwargs  passed to Dataset.map_batches (memory=, runtime_env=, ...)
     """
     from specstruct.constraints import check_spec
     from specstruct.output_types import resolve
 
     check_spec(resolve(output_type).spec)  # a schema that cannot compile raises here, before any actor loads a model
+    limits = RowLimits(max_input_tokens, row_timeout)
     ray = require_ray()
     if isinstance(dataset, list):
         dataset = ray.data.from_items([r if isinstance(r, dict) else {column: r} for r in dataset])
@@ -156,7 +220,7 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
         map_batches_kwargs["num_gpus"] = num_gpus
     out = dataset.map_batches(
         Extractor, fn_constructor_kwargs=dict(factory=factory, output_type=output_type, template=prompt,
-                                              column=column, system=system),
+                                              column=column, system=system, limits=limits),
         batch_size=batch_size, batch_format="pandas", compute=compute, num_cpus=num_cpus, **map_batches_kwargs)
     if preserve_order:
         out.context.execution_options.preserve_order = True

@@ -122,6 +122,20 @@ def test_extract_from_stdin_and_file(tiny_dir, schema_file, tmp_path):
     jsonschema.validate(json.loads(result.stdout), SCHEMA)
 
 
+def test_extract_applies_the_per_row_limits_to_its_one_document(tiny_dir, schema_file, monkeypatch):
+    """The limits of `extract --ray` rows hold for `--text` too: a document past --max-input-tokens is refused before
+    decoding, and one past --row-timeout is cancelled, each with a message naming the flag."""
+    from specstruct.testing import slow_steps
+
+    result = invoke("extract", "--schema", schema_file, "--text", "-", "--model", tiny_dir, "-n", "20",
+                    "--max-input-tokens", "300", input="word " * 200)
+    assert result.exit_code == 1 and "--max-input-tokens 300" in result.stderr, result.stderr
+    slow_steps(monkeypatch, 0.5)
+    result = invoke("extract", "--schema", schema_file, "--text", "-", "--model", tiny_dir, "-n", "20",
+                    "--row-timeout", "1", input="Ada")
+    assert result.exit_code == 1 and "--row-timeout 1" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--choice", "a,b", "--regex", "x"], "choose one output option"),
     (["--schema", "/nonexistent/schema.json"], "not found"),
