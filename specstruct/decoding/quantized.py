@@ -237,7 +237,8 @@ def quantize_float(weight: torch.Tensor, name: str = "q8_0") -> QuantWeight:
 # ---------------------------------------------------------------- modules
 
 class QuantLinear(torch.nn.Module):
-    """nn.Linear's computation on a QuantWeight: y = x W^T + b."""
+    """nn.Linear's computation on a QuantWeight: y = x W^T + b. There is no `.weight` (a float32 copy would cost 4-7x
+    the blocks): `qweight.dequantize()` makes one where it is really wanted."""
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__()
@@ -251,10 +252,6 @@ class QuantLinear(torch.nn.Module):
         rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
         y = self.qweight.linear(rows, self.bias)
         return y.reshape(*x.shape[:-1], y.shape[-1])
-
-    @property
-    def weight(self) -> torch.Tensor:  # code that reads a Linear's weight (shape, dtype) gets the float32 values
-        return self.qweight.dequantize()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.fmt.name}"
@@ -275,10 +272,6 @@ class QuantEmbedding(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = self.qweight.rows(ids)
         return out if self.embed_scale is None else out * self.embed_scale.to(out.dtype)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.qweight.dequantize()
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.qweight.fmt.name}"
