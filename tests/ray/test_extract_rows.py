@@ -112,7 +112,8 @@ def test_a_row_past_its_time_limit_is_an_error_row_naming_the_flag(ray_cluster, 
     assert summary == {"rows": 4, "errors": 4}
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["error_type"] for r in out] == ["RowLimitError", "RowLimitError", "BadInputError", "BadInputError"]
-    assert "--row-timeout 3" in out[0]["error"] and "not a JSON object" in out[2]["error"]
+    assert "--row-timeout 3" in out[0]["error"] and out[0]["prompt_tokens"] > 0
+    assert "not a JSON object" in out[2]["error"]
     assert time.monotonic() - started < 90
 
 

@@ -66,31 +66,33 @@ def run_row(engine: Any, text: Any, template: str | Callable[[str], Any], system
     """One row on the engine: its Result, or the exception that becomes its error row (never raised)."""
     from specstruct.errors import RequestTimeoutError
 
+    tokens = None
     try:
         prompt = make_prompt(text, template, system)
-        check_tokens(engine, prompt, output_type, limits)
+        tokens = check_tokens(engine, prompt, output_type, limits)
         return engine.run(prompt, output_type, timeout=limits.row_timeout or None)
     except RequestTimeoutError:
-        return timeout_error(limits)
+        return timeout_error(limits, tokens)
     except Exception as exc:  # noqa: BLE001 - recorded as this row's error
         return exc
 
 
-def check_tokens(engine: Any, prompt: Any, output_type: Any, limits: RowLimits, system: str | None = None) -> None:
-    """RowLimitError past max_input_tokens (PromptTooLongError past the model's window), before any decoding."""
+def check_tokens(engine: Any, prompt: Any, output_type: Any, limits: RowLimits, system: str | None = None) -> int:
+    """The prompt's tokens; RowLimitError past max_input_tokens (PromptTooLongError past the model's window)."""
     tokens = len(engine.prompt_ids(prompt, output_type, system=system))
     limit = limits.max_input_tokens
     if limit and tokens > limit:
         raise RowLimitError(f"the row's prompt has {tokens} tokens, past the limit of {limit} (--max-input-tokens "
                             f"{limit}; max_input_tokens={limit} in Python): shorten or split the text, or raise the "
                             "limit", tokens)
+    return tokens
 
 
-def timeout_error(limits: RowLimits) -> RowLimitError:
+def timeout_error(limits: RowLimits, tokens: int | None = None) -> RowLimitError:
     seconds = limits.row_timeout
     return RowLimitError(f"the row ran past its time limit of {seconds:g} s (--row-timeout {seconds:g}; "
                          f"row_timeout={seconds:g} in Python) and was cancelled: raise the limit, or shorten the text "
-                         "or max_new_tokens")
+                         "or max_new_tokens", tokens)
 
 
 def value_json(value: Any) -> str:

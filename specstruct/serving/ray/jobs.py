@@ -113,8 +113,8 @@ def extract_jsonl(input_path: str, output_path: str, output_type: Any, *, model:
         with RowWriter(output_path, total, progress, on_row) as out:
             running: dict[Any, int] = {}  # ObjectRef -> worker
 
-            def collect() -> None:
-                done, _ = ray.wait(list(running), num_returns=1)
+            def collect(wait: bool = True) -> None:  # write the rows that have finished (wait for one if `wait`)
+                done, _ = ray.wait(list(running), num_returns=1 if wait else len(running), timeout=None if wait else 0)
                 for ref in done:
                     free[running.pop(ref)] += 1
                     out.write(*ray.get(ref))
@@ -128,6 +128,7 @@ def extract_jsonl(input_path: str, output_path: str, output_type: Any, *, model:
                 w = max(range(len(free)), key=free.__getitem__)
                 free[w] -= 1
                 running[workers[w].run.remote(index, record)] = w
+                collect(wait=False)  # rows that finished while this one was read are written now, not at the next wait
             while running:
                 collect()
         return out.summary
