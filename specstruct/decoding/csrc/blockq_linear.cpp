@@ -46,6 +46,10 @@ static const char* SIMD = "scalar";
 #endif
 
 constexpr int NO = 16;  // outputs per panel
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 16
+#endif
+constexpr int64_t PREFETCH = PREFETCH_GROUPS;  // groups ahead to prefetch in a panel's stream
 constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
 
 struct Format {
@@ -157,8 +161,9 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < ng; ++g) {
     const uint8_t* gb = w + g * GB;
-    __builtin_prefetch(gb + 8 * GB, 0, 1);
-    __builtin_prefetch(gb + 8 * GB + 64, 0, 1);
+#pragma GCC unroll 8
+    for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
+    if constexpr (SUB) __builtin_prefetch(sc.sub + (g + PREFETCH) * NO, 0, 1);
     __m512i wv[QUADS];
     if constexpr (BITS == 8) {
 #pragma GCC unroll 8
