@@ -213,7 +213,12 @@ def write_gguf(model, path, quant: str = "Q8_0"):
     kind = getattr(GGMLQuantizationType, quant)
     writer = GGUFWriter(str(path), model.config.model_type)
     stands_for = copy.deepcopy(model)
+    tied = getattr(model.config, "tie_word_embeddings", False)
     for hf_name, tensor in model.state_dict().items():
+        head = model.get_output_embeddings()
+        if tied and head is not None and hf_name.startswith("lm_head") and \
+                tensor.data_ptr() == model.get_input_embeddings().weight.data_ptr():
+            continue  # a tied head is the embedding: llama.cpp's converter writes no output.weight
         base, suffix = hf_name.rsplit(".", 1)
         gguf_name = names.get_name(base) + "." + suffix
         w = tensor.detach().float().numpy()

@@ -10,6 +10,7 @@ reorders rows (llama's q/k permutation) is applied to the blocks as the same reo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 from .quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -161,8 +164,10 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
     return mapping
 
 
-def load_quantized(path: Path, config=None) -> torch.nn.Module:
-    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept."""
+def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Module:
+    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept.
+    A Linear weight in a type the kernel does not compute (Q5_K, Q3_K, IQ*) is widened to float32 with a warning,
+    or refused with `strict`."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -180,15 +185,25 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
     mapping = _gguf_names(model)
     modules = dict(model.named_modules())
     quantized: dict[str, Tensor] = {}
+    widened: dict[str, int] = {}
     for tensor in tensors:
         hf = mapping.get(tensor.name)
         if hf is None:
             continue
         owner, _, attr = hf.rpartition(".")
         module = modules.get(owner)
-        if attr == "weight" and tensor.kind in DECODERS and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            quantized[owner] = tensor
-            continue
+        if attr == "weight" and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            if tuple(module.weight.shape) != tuple(tensor.shape):
+                raise ValueError(f"{path.name}: {tensor.name} is {list(tensor.shape)}, the model's {hf} is "
+                                 f"{list(module.weight.shape)}: the file and the config disagree")
+            if tensor.kind in DECODERS:
+                quantized[owner] = tensor
+                continue
+            if tensor.kind not in ("F32", "F16", "BF16"):
+                widened[tensor.kind] = widened.get(tensor.kind, 0) + 1
+                if strict:
+                    raise ValueError(f"{path.name}: {tensor.name} is {tensor.kind}, which the block-quantized kernel "
+                                     f"does not compute ({', '.join(DECODERS)} are); load it with weights='float32'")
         weights = dequantize(tensor.data, GGMLQuantizationType[tensor.kind]).reshape(tensor.shape)
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
@@ -204,13 +219,19 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
         if isinstance(module, torch.nn.Embedding):
             _set(model, owner, QuantEmbedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
         else:
-            bias = module.bias if module.bias is not None and module.bias.device.type != "meta" else None
-            _set(model, owner, QuantLinear(weight, bias))
-    if "output.weight" not in names and isinstance(model.get_input_embeddings(), QuantEmbedding):
-        head = model.get_output_embeddings()  # tied: the LM head computes on the embedding's blocks
-        if head is not None and not isinstance(head, QuantLinear):
-            embedding = model.get_input_embeddings()
+            if module.bias is not None and module.bias.device.type == "meta":
+                raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
+            _set(model, owner, QuantLinear(weight, module.bias))
+    if widened:
+        log.warning("specstruct: %s: %s weights widened to float32 (the block-quantized kernel computes %s)",
+                    path.name, ", ".join(f"{n} {k}" for k, n in widened.items()), ", ".join(DECODERS))
+    head = model.get_output_embeddings()
+    if "output.weight" not in names and head is not None and not isinstance(head, QuantLinear):
+        embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
+        if isinstance(embedding, QuantEmbedding):
             _set(model, _name_of(model, head), QuantLinear(embedding.qweight))
+        else:
+            head.weight = embedding.weight
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ValueError(f"{path.name} has no tensor for {', '.join(missing[:5])}"
@@ -259,8 +280,13 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
 
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
+    from .quantized import _KERNEL
+
     source = resolve(name_or_path)
     path = gguf_file(source)
+    if weights == "auto" and path is not None and _KERNEL.load() is None:
+        log.warning("specstruct: %s; loading %s in float32", _KERNEL.error, name_or_path)
+        weights = "float32"
     if weights in ("auto", "gguf") and path is not None and str(device) == "cpu":
         config = None
         if isinstance(source, Path) and source.is_dir() and (source / "config.json").is_file():
@@ -268,10 +294,12 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
 
             config = AutoConfig.from_pretrained(str(source))
         tokenizer = load_tokenizer(name_or_path)
-        return load_quantized(path, config), tokenizer
+        return load_quantized(path, config, strict=weights == "gguf"), tokenizer
     if weights == "gguf":
         raise ModelNotFoundError(f"weights='gguf' needs a GGUF file on the CPU; {name_or_path!r} has none"
-                                 + ("" if str(device) == "cpu" else f" (device {device})"))
+                                 + ("" if str(device) == "cpu" else f" (device {device})")
+                                 + ". Fix: point at a .gguf file, or `specstruct pull --force NAME` for a registry "
+                                   "model pulled before pulls kept the GGUF file")
     model, tokenizer = load(name_or_path, device=device, dtype=dtype)
     if weights == "q8_0":
         quantize_linears(model, "q8_0")

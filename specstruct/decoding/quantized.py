@@ -185,7 +185,8 @@ class QuantWeight:
         """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
         f = self.fmt
         flat = kernel().dequantize_rows(self.packed, self.scales, self.mins, self.subscales, self.submins,
-                                        ids.reshape(-1), self.in_features, f.group, f.bits, f.zero, f.gps)
+                                        ids.reshape(-1), self.out_features, self.in_features, f.group, f.bits, f.zero,
+                                        f.gps)
         return flat.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:

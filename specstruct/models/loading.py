@@ -138,6 +138,10 @@ def matched_draft(target_tokenizer, draft_tokenizer, target_model, draft_model):
         return draft_model
     import copy
 
+    if not hasattr(draft_model.get_input_embeddings(), "weight"):  # GGUF blocks: no float rows to pad
+        raise IncompatibleDraftError(
+            f"the draft outputs {output_rows(draft_model)} logits per token, the target {rows}; padding a quantized "
+            "draft's rows is not supported. Fix: load the draft with weights='float32', or a draft of the same size")
     resized = copy.deepcopy(draft_model)
     resized.resize_token_embeddings(rows, mean_resizing=False)
     return resized

@@ -125,7 +125,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
         return [pull(n, progress=progress, force=force) for n in (DEFAULT_DRAFT, DEFAULT_TARGET)]
     spec = _spec(name)
     final = model_dir(name)
-    if (final / MARKER).is_file() and not force:
+    if _finished(final) and not force:
         return final
     find_parts(name)  # fail fast, before any work, when packages are missing
     for module in ("gguf", "accelerate"):  # transformers reads GGUF files through both
@@ -142,7 +142,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
         info = {"name": name, "hub_id": spec.hub_id, "gguf_sha256": spec.sha256,
                 "converted_s": round(time.perf_counter() - t0, 1), "weights": "gguf"}
         (staging / "model" / MARKER).write_text(json.dumps(info, indent=2))
-        if (final / MARKER).is_file() and not force:
+        if _finished(final) and not force:
             return final  # another process finished the same pull meanwhile: keep its folder
         if final.exists():
             shutil.rmtree(final)
@@ -150,6 +150,14 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _finished(folder: Path) -> bool:
+    """A finished pull that kept the GGUF file (a folder from before, float32 safetensors only, is pulled again)."""
+    try:
+        return json.loads((folder / MARKER).read_text()).get("weights") == "gguf"
+    except (OSError, ValueError):
+        return False
 
 
 def _check_disk(spec: ModelSpec, root: Path) -> None:

@@ -87,8 +87,10 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q
         const float* xg = x + r * K + g * G;
         float amax = 0.f;
         for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(xg[i]));
-        const float scale = amax / 127.f;
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        bool finite = true;
+        for (int i = 0; i < G; ++i) finite = finite && std::isfinite(xg[i]);
+        const float scale = finite ? amax / 127.f : NAN;  // a NaN or inf input makes its outputs NaN, as in float
+        const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         int8_t* qg = q + r * K + g * G;
         for (int i = 0; i < G; ++i) {
@@ -241,7 +243,7 @@ using RowsFn = void (*)(int, const uint8_t*, const Scales&, int, int64_t, const 
 
 static RowsFn pick(const Format& f) {
   const bool sub = f.gps > 1;
-  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0, Q5_0
+  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0
   if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vnni<32, 4, false, false>;  // Q4_0
   if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vnni<32, 5, false, false>;  // Q5_0
   if (f.G == 16 && f.bits == 6 && f.zero >= 0 && sub) return rows_vnni<16, 6, false, true>;    // Q6_K
@@ -352,7 +354,8 @@ torch::Tensor linear_scalar(const torch::Tensor& x_in, const torch::Tensor& pack
   const Format f = check_format(G, bits, zero, gps);
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
-  TORCH_CHECK(K % f.G == 0 && packed.size(1) == ng, "shapes do not match");
+  TORCH_CHECK(K % f.G == 0 && packed.dim() == 3 && packed.size(1) == ng && packed.size(2) == group_bytes(f) &&
+              P * NO >= N && (P - 1) * NO < N, "packed weight does not match x or N");
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   torch::Tensor y = torch::empty({M, N}, x.options());
   std::vector<int8_t> q(M * K);
@@ -368,16 +371,18 @@ torch::Tensor linear_scalar(const torch::Tensor& x_in, const torch::Tensor& pack
 // The float32 weights of some outputs (rows of W): an embedding lookup, or de-quantizing for tests.
 torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& scales,
                               const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
-                              const c10::optional<torch::Tensor>& submins, const torch::Tensor& rows, int64_t K,
-                              int64_t G, int64_t bits, int64_t zero, int64_t gps) {
+                              const c10::optional<torch::Tensor>& submins, const torch::Tensor& rows, int64_t N,
+                              int64_t K, int64_t G, int64_t bits, int64_t zero, int64_t gps) {
   const Format f = check_format(G, bits, zero, gps);
   const int64_t ng = K / f.G, P = packed.size(0);
+  TORCH_CHECK(K % f.G == 0 && packed.dim() == 3 && packed.size(1) == ng && packed.size(2) == group_bytes(f) &&
+              P * NO >= N && (P - 1) * NO < N, "packed weight: [P, K/G, G*16*bits/8] for ", N, " outputs");
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   const torch::Tensor ids = rows.to(at::kLong).contiguous();
   const int64_t n = ids.numel();
   torch::Tensor out = torch::empty({n, K}, scales.options().dtype(at::kFloat));
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < P * NO, "row ", id[i], " out of range");
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "row ", id[i], " out of range [0, ", N, ")");
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* od = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {

@@ -83,3 +83,47 @@ def test_the_tensor_index_is_gguf_readers(tmp_path, tok, _kernel):
     with pytest.raises(ValueError, match="not a GGUF file"):
         (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04" + bytes(60))
         read_tensors(tmp_path / "x.gguf")
+
+
+def test_a_tied_head_computes_on_the_embeddings_blocks(tmp_path, tok, _kernel):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=(len(tok) + 31) // 32 * 32, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(config).eval()
+    path = tmp_path / "tied.gguf"
+    stands_for = write_gguf(model, path, "Q8_0")
+    loaded = load_quantized(path, model.config)
+    head, embedding = loaded.get_output_embeddings(), loaded.get_input_embeddings()
+    assert isinstance(head, quantized.QuantLinear) and head.qweight is embedding.qweight
+    ids = torch.tensor([tok.encode("tied weights", add_special_tokens=False)])
+    with torch.inference_mode():
+        want, got = stands_for(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert ((got - want).norm() / want.norm()).item() < 0.03
+
+
+def test_a_nan_input_gives_nan_outputs_not_numbers(_kernel):
+    weight = quantized.quantize_float(torch.randn(16, 64))
+    x = torch.randn(2, 64)
+    x[1, 5] = float("nan")
+    y = weight.linear(x)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+
+
+def test_a_row_past_the_outputs_is_refused(_kernel):
+    weight = quantized.quantize_float(torch.randn(20, 64))  # 2 panels, the second half padding
+    with pytest.raises(RuntimeError, match="out of range"):
+        weight.rows(torch.tensor([25]))
+
+
+def test_a_quantized_draft_with_other_padding_rows_is_refused_with_the_fix(tmp_path, tok, _kernel):
+    from specstruct.errors import IncompatibleDraftError
+    from specstruct.models.loading import matched_draft, output_rows
+
+    target, draft = tiny_model(tok), tiny_llama(tok)
+    write_gguf(draft, tmp_path / "draft.gguf", "Q8_0")
+    loaded = load_quantized(tmp_path / "draft.gguf", draft.config)
+    assert output_rows(loaded) != output_rows(target)
+    with pytest.raises(IncompatibleDraftError, match="weights='float32'"):
+        matched_draft(tok, tok, target, loaded)

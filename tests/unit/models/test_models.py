@@ -124,7 +124,7 @@ def test_concurrent_pull_keeps_the_first_finished_folder(fake_model, home, monke
         other = models.model_dir("fake")
         other.mkdir(parents=True)
         (other / "config.json").write_text('{"by": "other"}')
-        (other / models.MARKER).write_text("{}")
+        (other / models.MARKER).write_text('{"weights": "gguf"}')
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text('{"by": "me"}')
         return out_dir
