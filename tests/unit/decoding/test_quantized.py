@@ -78,6 +78,8 @@ def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
         assert torch.equal(weight.linear(x[n - 1 : n]), every[n - 1 : n])  # alone
     shuffled = torch.randperm(21)
     assert torch.equal(weight.linear(x[shuffled]), every[shuffled])  # at another place
+    if ext.simd == "scalar":
+        return  # the vector path is the scalar one on this CPU: nothing more to compare
     f = weight.fmt
     scalar = ext.linear_scalar(x, weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins,
                                shape[0], f.group, f.bits, f.zero, f.gps)
