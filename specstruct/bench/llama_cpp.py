@@ -51,11 +51,13 @@ def sha256(path: Path) -> str:
 def registry_gguf(name: str, folder: Path) -> Path:
     """The registry model's GGUF file as it ships: the pulled one, else its parts concatenated (SHA-256 checked) and
     cached in `folder`."""
+    from ..models.loading import gguf_file
     from ..models.provisioning import assemble
     from ..models.registry import model_dir
 
-    if (model_dir(name) / "model.gguf").is_file():
-        return model_dir(name) / "model.gguf"
+    pulled = gguf_file(model_dir(name))
+    if pulled is not None:
+        return pulled
     path = folder / f"{name}.gguf"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)

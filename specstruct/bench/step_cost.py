@@ -23,9 +23,9 @@ import torch
 
 
 def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repeats: int) -> tuple[dict, str, Path]:
-    from ..decoding.gguf_model import gguf_file, load_model
+    from ..decoding.gguf_model import load_model
     from ..decoding.runtime import ModelRuntime
-    from ..models.loading import resolve
+    from ..models.loading import gguf_file, resolve
 
     m, _ = load_model(model, weights=weights)
     rt = ModelRuntime(m)

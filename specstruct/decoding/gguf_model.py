@@ -109,8 +109,7 @@ def gguf_config(path: Path):
 def _processor(config):
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    arch = {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(config.model_type,
-                                                                                        config.model_type)
+    arch = _ARCH_NAMES.get(config.model_type, config.model_type)  # transformers keys them by gguf-py's names
     return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
 
 
@@ -246,16 +245,6 @@ def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
 WEIGHTS = ("auto", "gguf", "q8_0", "float32")
 
 
-def gguf_file(source) -> Path | None:
-    """The GGUF file a resolved source holds: the file itself, or a pulled folder's model.gguf."""
-    if isinstance(source, Path):
-        if source.is_file() and source.suffix == ".gguf":
-            return source
-        if (source / "model.gguf").is_file():
-            return source / "model.gguf"
-    return None
-
-
 def quantize_linears(model: torch.nn.Module, name: str = "q8_0") -> torch.nn.Module:
     """Replace every float nn.Linear by a QuantLinear of its weights rounded to `name` (in place)."""
     from .quantized import quantize_float
@@ -276,16 +265,16 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
     - "q8_0": float weights rounded to Q8_0 blocks on load (a hub or folder model in a quarter of the memory)
     - "float32": every weight de-quantized to float32 (the float32 runtime)"""
     from specstruct.errors import ModelNotFoundError
-    from specstruct.models.loading import load, load_tokenizer, resolve
+    from specstruct.models.loading import gguf_file, load, load_tokenizer, resolve
+
+    from .quantized import why_not
 
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
-    from .quantized import _KERNEL
-
     source = resolve(name_or_path)
     path = gguf_file(source)
-    if weights == "auto" and path is not None and _KERNEL.load() is None:
-        log.warning("specstruct: %s; loading %s in float32", _KERNEL.error, name_or_path)
+    if weights == "auto" and path is not None and why_not():
+        log.warning("specstruct: %s; loading %s in float32", why_not(), name_or_path)
         weights = "float32"
     if weights in ("auto", "gguf") and path is not None and str(device) == "cpu":
         config = None

@@ -48,6 +48,11 @@ def kernel():
     return ext
 
 
+def why_not() -> str | None:
+    """Why the kernel cannot be built here (None: it is built)."""
+    return None if _KERNEL.load() is not None else _KERNEL.error
+
+
 def simd() -> str:
     """The instruction set the kernel was built for ("avx512-vnni" or "scalar")."""
     return kernel().simd

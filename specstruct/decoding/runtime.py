@@ -79,12 +79,13 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
     if getattr(model, "_specstruct_numerics", None):
         return model._specstruct_numerics
+    blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
     supported, reason = row_invariant_support(model)
     if not row_invariant_available(model) or not supported:
         p = next(model.parameters())
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
-        if quantized.describe(model):  # the blocks still compute on their kernel; the attention is the model's own
-            desc = f"{quantized.describe(model)} weights (block-quantized linear, {quantized.simd()}); {desc}"
+        if blocks:  # the attention is the model's own
+            desc = f"{blocks} weights (block-quantized linear, {quantized.simd()}); {desc}"
         model._specstruct_numerics = desc
         return desc
     fixed = fixed_linear.kernel() is not None
@@ -97,7 +98,6 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
     attention = {"cpp": "C++", "torch": "torch ops"}[use_packed_attention(model)]
     linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
-    blocks = quantized.describe(model)
     if blocks:  # weights as they ship: the block-quantized kernel, int8 activations per group
         others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
         model._specstruct_numerics = (f"{blocks} weights, row-invariant (block-quantized linear, {quantized.simd()}, "

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specstruct.errors import IncompatibleDraftError, ModelNotFoundError
-from specstruct.models.registry import MARKER, REGISTRY, model_dir, pull_command
+from specstruct.models.registry import GGUF_NAME, MARKER, REGISTRY, model_dir, pull_command
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path | str:
@@ -41,13 +41,21 @@ def resolve(name_or_path: str | os.PathLike) -> Path | str:
     )
 
 
+def gguf_file(source: Path | str) -> Path | None:
+    """The GGUF file a resolved source holds: the file itself, or a pulled folder's model.gguf."""
+    if isinstance(source, Path):
+        if source.is_file() and source.suffix == ".gguf":
+            return source
+        if (source / GGUF_NAME).is_file():
+            return source / GGUF_NAME
+    return None
+
+
 def _open_kwargs(source: Path | str, tokenizer: bool = False) -> tuple[str, dict[str, Any]]:
-    if isinstance(source, Path) and source.suffix == ".gguf" and source.is_file():
-        return str(source.parent), {"gguf_file": source.name}
-    if isinstance(source, Path) and (source / "model.gguf").is_file():  # a pulled folder: GGUF weights, own tokenizer
-        if not (tokenizer or (source / "model.safetensors").is_file()):
-            return str(source), {"gguf_file": "model.gguf"}
-    return str(source), {}
+    path = gguf_file(source)
+    if path is None or (path.parent == source and (tokenizer or (path.parent / "model.safetensors").is_file())):
+        return str(source), {}  # a pulled folder keeps its own tokenizer (and float32 weights, if pulled before)
+    return str(path.parent), {"gguf_file": path.name}
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):

