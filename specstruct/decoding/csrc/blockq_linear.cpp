@@ -295,20 +295,25 @@ static ScaleTensors check_scales(const Format& f, int64_t P, int64_t ng, const t
                       affine ? bytes(submin, "sub-mins") : nullptr, nsb * NO, ng * NO};
 }
 
+// A packed weight of N outputs over K inputs, checked: [P, K/G, G*16*bits/8] uint8, contiguous.
+static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N, int64_t K) {
+  TORCH_CHECK(K % f.G == 0, "the input size ", K, " is not a multiple of the group size ", f.G);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(1) == K / f.G && packed.size(2) == group_bytes(f),
+              "packed weight: [P, K/G, G*16*bits/8] uint8, contiguous");
+  const int64_t P = packed.size(0);
+  TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
+}
+
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
-// (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N].
-torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
-                     const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
-                     const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits, int64_t zero,
-                     int64_t gps, const c10::optional<torch::Tensor>& bias) {
-  const Format f = check_format(G, bits, zero, gps);
+// (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
+static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
+                             const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                             const c10::optional<torch::Tensor>& submins, int64_t N, const Format& f, bool vector) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && !x_in.is_cuda(), "x: 2-D float32 on the CPU");
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
-  TORCH_CHECK(K % f.G == 0, "the input size ", K, " is not a multiple of the group size ", f.G);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3 && packed.size(1) == ng &&
-                  packed.size(2) == group_bytes(f), "packed weight: [P, K/G, G*16*bits/8] uint8, contiguous");
-  TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
+  check_packed(f, packed, N, K);
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   torch::Tensor y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
@@ -320,7 +325,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, con
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
 #ifdef SPECSTRUCT_VNNI
-  const RowsFn fn = pick(f);
+  const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -342,30 +347,24 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& packed, con
       }
     }
   });
+  return y;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                     const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                     const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits, int64_t zero,
+                     int64_t gps, const c10::optional<torch::Tensor>& bias) {
+  torch::Tensor y = product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), true);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
 
 // The same product on the scalar path, whatever the CPU (tests compare the two bitwise).
-torch::Tensor linear_scalar(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
+torch::Tensor linear_scalar(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                             const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                             const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits,
                             int64_t zero, int64_t gps) {
-  const Format f = check_format(G, bits, zero, gps);
-  const torch::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
-  TORCH_CHECK(K % f.G == 0 && packed.dim() == 3 && packed.size(1) == ng && packed.size(2) == group_bytes(f) &&
-              P * NO >= N && (P - 1) * NO < N, "packed weight does not match x or N");
-  const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
-  torch::Tensor y = torch::empty({M, N}, x.options());
-  std::vector<int8_t> q(M * K);
-  std::vector<float> s(M * ng);
-  std::vector<int32_t> a(M * ng);
-  quantize_rows(x.data_ptr<float>(), M, K, f.G, q.data(), s.data(), a.data());
-  for (int64_t p = 0; p < P; ++p)
-    panel_scalar(f, (int)M, packed.data_ptr<uint8_t>() + p * ng * group_bytes(f), st.panel(p), ng, q.data(), s.data(),
-                 a.data(), K, y.data_ptr<float>() + p * NO, N, (int)std::min<int64_t>(NO, N - p * NO));
-  return y;
+  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), false);
 }
 
 // The float32 weights of some outputs (rows of W): an embedding lookup, or de-quantizing for tests.
@@ -375,8 +374,7 @@ torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& 
                               int64_t K, int64_t G, int64_t bits, int64_t zero, int64_t gps) {
   const Format f = check_format(G, bits, zero, gps);
   const int64_t ng = K / f.G, P = packed.size(0);
-  TORCH_CHECK(K % f.G == 0 && packed.dim() == 3 && packed.size(1) == ng && packed.size(2) == group_bytes(f) &&
-              P * NO >= N && (P - 1) * NO < N, "packed weight: [P, K/G, G*16*bits/8] for ", N, " outputs");
+  check_packed(f, packed, N, K);
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   const torch::Tensor ids = rows.to(at::kLong).contiguous();
   const int64_t n = ids.numel();
