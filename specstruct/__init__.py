@@ -10,18 +10,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "SpecStruct": "api", "SpecConfig": "config", "BatchConfig": "config", "Result": "results", "Stats": "results",
-    "DrafterStats": "results", "Chunk": "results", "Regex": "output_types", "Choice": "output_types",
-    "Grammar": "output_types", "Code": "output_types", "pull": "models", "ToolReply": "tool_replies",
-    "RawPrompt": "inputs",
+    "SpecStruct": "api.specstruct", "SpecConfig": "config", "BatchConfig": "config", "Result": "results",
+    "Stats": "results", "DrafterStats": "results", "Chunk": "results", "Regex": "types.output",
+    "Choice": "types.output", "Grammar": "types.output", "Code": "types.output", "pull": "models",
+    "ToolReply": "api.tool_replies", "RawPrompt": "api.inputs",
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
         "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError", "KVMemoryError")},
 }
-_SUBMODULES = {"api", "config", "errors", "results", "output_types", "streaming", "inputs", "extras", "testing",
-               "aio", "chunks", "many", "tools", "tool_replies",
-               "constraints", "decoding", "models", "bench", "cli", "serving"}
+_SUBMODULES = {"api", "types", "engine", "spec", "runtime", "constraints", "models", "serving", "cli", "bench",
+               "config", "errors", "results", "extras", "testing"}
 __all__ = list(_WHERE)
 __version__ = "0.1.0"
 
@@ -42,13 +41,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
-    from .api import SpecStruct
-    from .config import BatchConfig, SpecConfig
-    from .errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError,
-                         InvalidPromptError, MissingExtraError, ModelNotFoundError, PromptTooLongError,
-                         OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError, KVMemoryError)
-    from .models import pull
-    from .output_types import Choice, Code, Grammar, Regex
-    from .results import Chunk, DrafterStats, Result, Stats
-    from .inputs import RawPrompt
-    from .tool_replies import ToolReply
+    from specstruct.api.specstruct import SpecStruct
+    from specstruct.config import BatchConfig, SpecConfig
+    from specstruct.errors import ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError, PromptTooLongError, OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError, KVMemoryError
+    from specstruct.models import pull
+    from specstruct.types.output import Choice, Code, Grammar, Regex
+    from specstruct.results import Chunk, DrafterStats, Result, Stats
+    from specstruct.api.inputs import RawPrompt
+    from specstruct.api.tool_replies import ToolReply

@@ -60,7 +60,7 @@ class SpecConfig(BaseModel):
     # Stop a row's draft after a token the draft model gives less than this probability under the mask (0: never).
     # Lossless either way (it only changes how far the draft runs before the target verifies it). Off by default: it
     # measured neutral on JSON and code, and on prose only paid with a longer text cap in the ablation, not in the
-    # bench (`python -m specstruct.bench.ablation --variants ...,confidence-0.5`).
+    # bench (`python -m benchmarks.ablation --variants ...,confidence-0.5`).
     draft_confidence: float = Field(0.0, ge=0.0, lt=1.0)
 
     # typed API

@@ -89,7 +89,7 @@ def perturbed(model, noise: float = 0.02, seed: int = 1):
     stock numerics and plain weights, whatever `model` runs (a runtime switches it as it does any model)."""
     import copy
 
-    from specstruct.decoding.runtime import restore_stock
+    from specstruct.runtime.model_runtime import restore_stock
 
     draft = copy.deepcopy(model)
     restore_stock(draft)  # prepacked (opaque) weights back to plain ones, which can be perturbed
@@ -171,7 +171,7 @@ def scripted_engine(text: str, tokenizer=None, **config):
 def slow_steps(monkeypatch, seconds: float) -> None:
     """Make every batched decode step first sleep `seconds` (a long prefill, a big model) for the rest of a test:
     requests stay in flight long enough to cancel, time out, overload or shut down, on any machine."""
-    from specstruct.decoding.batch import BatchDecoder
+    from specstruct.spec.batch import BatchDecoder
 
     step = BatchDecoder.step
 

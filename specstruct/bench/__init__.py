@@ -10,7 +10,7 @@ Command line: `specstruct bench --help` (or `python -m specstruct.bench --help`)
 named numerics), runner, summary (medians and spread), report (table, JSON, plot), cli.
 """
 
-from .fairness import ComparisonError
-from .runner import run_benchmark
+from specstruct.bench.fairness import ComparisonError
+from specstruct.bench.runner import run_benchmark
 
 __all__ = ["run_benchmark", "ComparisonError"]

@@ -1,6 +1,6 @@
 """`python -m specstruct.bench`: the same command as `specstruct bench`."""
 
-from .cli import app
+from specstruct.bench.cli import app
 
 if __name__ == "__main__":
     app(prog_name="python -m specstruct.bench")

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .fairness import engine_numerics
-from .measure import Measurement, Settings, _plain
-from .workloads import Workload
+from specstruct.bench.fairness import engine_numerics
+from specstruct.bench.measure import Measurement, Settings, _plain
+from specstruct.bench.workloads import Workload
 
 
 class SpecStructSide:
@@ -31,7 +31,7 @@ class SpecStructSide:
         overrides = {"enable_speculative": speculative, "max_retries": 0, "use_prefix_cache": False}
         base = getattr(engine, "config", None)
         if base is None:
-            from ..config import SpecConfig
+            from specstruct.config import SpecConfig
 
             base = SpecConfig()
         self.config = base.merged(**overrides)
@@ -47,7 +47,7 @@ class SpecStructSide:
             self.engine.constraint(workload.output_type)
 
     def measure(self, workload: Workload) -> Measurement:
-        from ..errors import IncompleteOutputError, ValidationRetryError
+        from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
         s = self.settings
         start = time.perf_counter()

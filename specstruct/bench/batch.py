@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from specstruct.decoding.batch import BatchDecoder
+from specstruct.spec.batch import BatchDecoder
 
 
 @dataclass

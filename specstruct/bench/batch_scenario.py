@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from .measure import Settings, chat_ids, prompt_messages
-from .workloads import Workload, extraction_workloads
+from specstruct.bench.measure import Settings, chat_ids, prompt_messages
+from specstruct.bench.workloads import Workload, extraction_workloads
 
 SIDES = ("batched", "one-by-one", "no-spec", "hf-static")
 
@@ -33,7 +33,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _one(engine: Any, w: Workload, config: Any, s: Settings) -> tuple[list[int], str | None]:
     """Token ids of one request (kept when max_new_tokens or validation cuts it short: still decoding work)."""
-    from ..errors import IncompleteOutputError, ValidationRetryError
+    from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
     try:
         res = engine.run(w.messages, w.output_type, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
@@ -46,7 +46,7 @@ def _one(engine: Any, w: Workload, config: Any, s: Settings) -> tuple[list[int],
 
 
 def _engine_side(engine: Any, wls: list[Workload], config: Any, s: Settings, concurrent: bool) -> dict[str, Any]:
-    from ..decoding.openmp import release_pool
+    from specstruct.runtime.openmp import release_pool
 
     release_pool()  # the requests come from other threads: this one's OpenMP pool would slow the decode thread
     done: list[float] = [0.0] * len(wls)
@@ -80,7 +80,7 @@ def _hf_static(engine: Any, wls: list[Workload], s: Settings) -> dict[str, Any]:
     """One left-padded `generate` call for all C prompts, unconstrained, transformers' stock numerics."""
     import torch
 
-    from .external import _generate_kwargs, eos_ids, stock_numerics
+    from specstruct.bench.external import _generate_kwargs, eos_ids, stock_numerics
 
     tok, model, eos = engine.tokenizer, engine.model, eos_ids(engine)
     ids = [chat_ids(tok, prompt_messages(engine, w)) for w in wls]
@@ -108,7 +108,7 @@ def run_batch_benchmark(engine: Any, concurrencies: list[int], *, settings: Sett
                         on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every side at every concurrency; returns {"meta", "levels": [{concurrency, sides, ratios, identical}]}.
     `on_level` gets the results so far after each level (to save partial results of a long run)."""
-    from .runner import machine_info
+    from specstruct.bench.runner import machine_info
 
     s = settings or Settings()
     # The prefix cache is off on every side: the same prompts run on each side in turn, so a warm cache would
@@ -156,7 +156,7 @@ def run_batch_benchmark(engine: Any, concurrencies: list[int], *, settings: Sett
 def _meta(engine: Any, s: Settings, machine: dict[str, Any]) -> dict[str, Any]:
     import os
 
-    from .fairness import engine_numerics
+    from specstruct.bench.fairness import engine_numerics
 
     draft = getattr(getattr(engine.draft_model, "config", None), "_name_or_path", None)
     if draft and os.path.isabs(str(draft)):  # a local folder: its name, not this machine's path
@@ -171,8 +171,8 @@ def _meta(engine: Any, s: Settings, machine: dict[str, Any]) -> dict[str, Any]:
 def run_batch_cli(engine: Any, concurrency: str, settings: Settings, console: Any, *, quiet: bool,
                   out: str | None, plot_path: str | None, markdown_out: str | None) -> None:
     """What `specstruct bench --scenario batch` does once the engine is loaded."""
-    from .batch_report import batch_markdown, batch_plot, print_batch_report
-    from .report import publish, write_json
+    from specstruct.bench.batch_report import batch_markdown, batch_plot, print_batch_report
+    from specstruct.bench.report import publish, write_json
 
     levels = parse_concurrency(concurrency)
     save = (lambda partial: write_json(partial, out)) if out else None  # noqa: E731

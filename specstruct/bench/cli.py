@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 import typer
 
-from .report import publish
-from .runner import ALL_BASELINES, DEFAULT_BASELINES, QUICK_LIMIT, run_benchmark
-from .workloads import SCENARIOS, extraction_workloads
+from specstruct.bench.report import publish
+from specstruct.bench.runner import ALL_BASELINES, DEFAULT_BASELINES, QUICK_LIMIT, run_benchmark
+from specstruct.bench.workloads import SCENARIOS, extraction_workloads
 
 app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark specstruct against target-only decoding, outlines and transformers generate on "
@@ -53,7 +53,7 @@ def llama_side(model: str, binary: str | None, gguf: str | None) -> Any:
 
     import torch
 
-    from .llama_cpp import LlamaCppSide, find_binary, registry_gguf
+    from specstruct.bench.llama_cpp import LlamaCppSide, find_binary, registry_gguf
 
     try:
         found = find_binary(binary)
@@ -62,7 +62,7 @@ def llama_side(model: str, binary: str | None, gguf: str | None) -> Any:
     if gguf is None and model.endswith(".gguf"):
         gguf = model
     if gguf is None:
-        from ..models.registry import REGISTRY
+        from specstruct.models.registry import REGISTRY
 
         if model not in REGISTRY:
             raise typer.BadParameter(f"{model!r} is not a registry model: pass the GGUF file its weights come from",
@@ -128,15 +128,15 @@ def main(
     """Run the benchmark and print the table (medians over prompts, with the spread)."""
     from rich.console import Console
 
-    from .measure import Settings
-    from .report import write_json
+    from specstruct.bench.measure import Settings
+    from specstruct.bench.report import write_json
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a wide table stays readable in logs
     if from_results:
         import json
         from pathlib import Path
 
-        from .runner import resummarize
+        from specstruct.bench.runner import resummarize
 
         publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
@@ -144,7 +144,7 @@ def main(
         raise typer.BadParameter(f"it sets the concurrent requests of --scenario batch, not of {scenario!r}",
                                  param_hint="--concurrency")
     if scenario == "batch":
-        from .batch_scenario import parse_concurrency, run_batch_cli
+        from specstruct.bench.batch_scenario import parse_concurrency, run_batch_cli
 
         concurrency = concurrency or "1,2,4,8"
 
@@ -160,7 +160,7 @@ def main(
                       markdown_out=markdown_out)
         return
     if scenario == "pipeline":  # prefix cache on vs off over one schema and ten passages
-        from .pipeline import main as pipeline
+        from specstruct.bench.pipeline import main as pipeline
 
         ignored = [name for name, given in (("--plot", plot_path), ("--baselines", baselines),
                                             ("--temperature", temperature)) if given]

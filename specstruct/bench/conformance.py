@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from specstruct.constraints.schema_normalise import follow_ref
+from specstruct.constraints.schema.normalise import follow_ref
 from specstruct.bench.conformance_reasons import reason
 from specstruct.bench.workloads import jsonschemabench_dir
 

@@ -62,7 +62,7 @@ class XGrammarConstraint:
 
 
 class ToolCallConstraint:
-    """A tool-call grammar (specstruct.tools, tool_choice "required") seen as a constraint on the arguments alone:
+    """A tool-call grammar (specstruct.constraints.tools.grammar, tool_choice "required") seen as a constraint on the arguments alone:
     a fork starts after `<tool_call>\\n{"name": "f", "arguments": `, and it is final where the rest of the call
     (`}`, the closing marker) can follow. The markers are Qwen's added tokens where the tokenizer has them."""
 
@@ -112,7 +112,7 @@ def compile_schema(backend: str, schema: Any, tokenizer, vocab_size: int, eos: S
     from specstruct.constraints.compiler import compile_constraint
 
     if backend == "tools":
-        from specstruct.tools import tool_grammar
+        from specstruct.constraints.tools.grammar import tool_grammar
 
         grammar = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": schema}}], "required",
                                tokenizer, parallel=False)
@@ -148,7 +148,7 @@ def _status(pid: int, field: str) -> int:
 
 
 def _pids() -> list[int]:
-    from specstruct.constraints import isolate
+    from specstruct.constraints.outlines import isolate
 
     worker = isolate._STATE.get("w")
     return [os.getpid()] + ([worker.proc.pid] if worker is not None and worker.alive() else [])

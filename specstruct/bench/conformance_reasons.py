@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from specstruct.constraints.schema_logic import dict_nodes
+from specstruct.constraints.schema.logic import dict_nodes
 
 
 def reason(value: Any, schema: Any, text: str, backend: str = "llguidance") -> str:
@@ -60,7 +60,7 @@ def _undeclared(value: Any, node: Any, root: Any, depth: int = 0) -> str | None:
     """"object" where some object of `value` has a key its schema node neither declares nor leaves open, "branch"
     where another anyOf/oneOf branch than the one that fits best declares it, "order" where every key is declared but
     not written in the schema's order; None otherwise."""
-    from specstruct.constraints.schema_normalise import follow_ref
+    from specstruct.constraints.schema.normalise import follow_ref
 
     node = follow_ref(node, root)
     if depth > 40 or not isinstance(node, dict):

@@ -12,19 +12,19 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..inputs import eos_token_ids
-from .measure import Measurement, Settings, chat_ids, prompt_messages
-from .fairness import linear_numerics
-from .workloads import Workload
+from specstruct.api.inputs import eos_token_ids
+from specstruct.bench.measure import Measurement, Settings, chat_ids, prompt_messages
+from specstruct.bench.fairness import linear_numerics
+from specstruct.bench.workloads import Workload
 
 
 @contextmanager
 def stock_numerics(*models: Any) -> Iterator[None]:
     """Run a block with transformers' stock numerics on models that specstruct's runtime switched to
     row-invariant numerics (a user of outlines or plain transformers gets the stock ones). Afterwards the thread
-    gives its OpenMP pool back (decoding/openmp.py), so the next specstruct side decodes unthrottled."""
-    from ..decoding.openmp import release_pool
-    from ..decoding.runtime import make_row_invariant, restore_stock
+    gives its OpenMP pool back (runtime/openmp.py), so the next specstruct side decodes unthrottled."""
+    from specstruct.runtime.openmp import release_pool
+    from specstruct.runtime.model_runtime import make_row_invariant, restore_stock
 
     patched = [m for m in models if m is not None and getattr(m, "_specstruct_numerics", None)]
     for m in patched:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ..errors import SpecStructError
+from specstruct.errors import SpecStructError
 
 
 class ComparisonError(SpecStructError, ValueError):
@@ -23,10 +23,10 @@ def weights_fingerprint(model: Any, tensors: int = 4, samples: int = 4096) -> st
     """A short hash of a few weight tensors (first, evenly spaced middle ones, last): name, shape, dtype
     and an evenly strided sample of values. Cheap on a 1.5B model, and different for different
     checkpoints or a perturbed copy of the same one."""
-    from ..decoding.linear import dense  # torch, only when a model is fingerprinted
+    from specstruct.runtime.linear import dense  # torch, only when a model is fingerprinted
 
     params = list(model.named_parameters())
-    params += [(n, b) for n, b in model.named_buffers() if n.endswith(".packed")]  # quantized weights (decoding/quantized)
+    params += [(n, b) for n, b in model.named_buffers() if n.endswith(".packed")]  # quantized weights (runtime/quantized)
     if not params:
         raise ComparisonError(f"{type(model).__name__} has no parameters to fingerprint; pass a torch model.")
     picks = sorted({round(i * (len(params) - 1) / max(tensors - 1, 1)) for i in range(tensors)})

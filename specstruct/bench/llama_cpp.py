@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .measure import Measurement, Settings
-from .workloads import Workload
+from specstruct.bench.measure import Measurement, Settings
+from specstruct.bench.workloads import Workload
 
 ENV_BINARY = "SPECSTRUCT_LLAMA_SERVER"
 
@@ -51,9 +51,9 @@ def sha256(path: Path) -> str:
 def registry_gguf(name: str, folder: Path) -> Path:
     """The registry model's GGUF file as it ships: the pulled one, else its parts concatenated (SHA-256 checked) and
     cached in `folder`."""
-    from ..models.loading import gguf_file
-    from ..models.provisioning import assemble
-    from ..models.registry import model_dir
+    from specstruct.models.loading import gguf_file
+    from specstruct.models.provisioning import assemble
+    from specstruct.models.registry import model_dir
 
     pulled = gguf_file(model_dir(name))
     if pulled is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from .workloads import Workload
+from specstruct.bench.workloads import Workload
 
 
 @dataclass
@@ -63,7 +63,7 @@ def prompt_messages(engine: Any, workload: Workload) -> list[dict[str, str]]:
     render = getattr(engine, "_messages", None)
     if render is None:
         return workload.messages
-    from ..output_types import resolve
+    from specstruct.types.output import resolve
 
     return render(workload.messages, resolve(workload.output_type), None)
 
@@ -71,7 +71,7 @@ def prompt_messages(engine: Any, workload: Workload) -> list[dict[str, str]]:
 def generated_ids(engine: Any, messages: Any, output_type: Any, **kwargs: Any) -> list[int]:
     """The token ids `engine.run` generates, also when max_new_tokens cuts the output short (still decoding work,
     still compared between sides)."""
-    from ..errors import IncompleteOutputError
+    from specstruct.errors import IncompleteOutputError
 
     try:
         return list(engine.run(messages, output_type, **kwargs).token_ids)

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from .extraction import PASSAGES, Person, extraction_prompt
+from specstruct.bench.extraction import PASSAGES, Person, extraction_prompt
 
 SYSTEM = (
     "You are the extraction step of a customer-records pipeline. Each message contains one passage of text about "
@@ -50,7 +50,7 @@ def pipeline_passages(limit: int = 10) -> list[str]:
 
 def _one(engine: Any, messages: list[dict[str, str]], cached: bool, max_new_tokens: int) -> dict[str, Any]:
     cfg = engine.config.merged(use_prefix_cache=cached, max_new_tokens=max_new_tokens, max_retries=0)
-    from ..errors import IncompleteOutputError
+    from specstruct.errors import IncompleteOutputError
 
     start = time.perf_counter()
     first = None
@@ -126,8 +126,8 @@ def peak_rss_mib() -> float:
 
 def chunking_cost(runtime: Any, ids: list[int], repeats: int = 3) -> dict[str, Any]:
     """Prefill `ids` cold on the engine's own (row-invariant) runtime, alternating one block and `prefill_chunk`-token
-    chunks. Against transformers' stock forward: `python -m specstruct.bench.forward_cost --prefill N`."""
-    from ..decoding.kv.prefill import chunked_extend
+    chunks. Against transformers' stock forward: `python -m benchmarks.forward_cost --prefill N`."""
+    from specstruct.runtime.kv.prefill import chunked_extend
 
     times: dict[str, list[float]] = {"one_block": [], "chunked": []}
     for r in range(repeats):
@@ -203,7 +203,7 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
         progress(0, 1, f"chunked vs one block: {res['chunking']['median_s']} -> {res['chunking']['ratio']:.2f}x")
     res.update(run_pipeline(engine, limit or 10, max_new_tokens, progress))
     if others:
-        from .pipeline_sides import run_batched, run_outlines
+        from specstruct.bench.pipeline_sides import run_batched, run_outlines
 
         passages = pipeline_passages(limit or 10)
         res["batched"] = run_batched(engine, SYSTEM, passages, max_new_tokens, progress)

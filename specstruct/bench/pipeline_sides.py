@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from .extraction import Person, extraction_prompt
-from .measure import generated_ids
+from specstruct.bench.extraction import Person, extraction_prompt
+from specstruct.bench.measure import generated_ids
 
 Progress = Callable[[int, int, str], None] | None
 WARM_PASSAGE = "Nobody is named in this passage; it only says that the weather in Lisbon was mild."
@@ -58,9 +58,9 @@ def run_outlines(engine: Any, system: str, passages: list[str], max_new_tokens: 
     """outlines 1.x on the same model object, stock transformers numerics, one passage at a time (compiling the
     output type is not timed)."""
     try:
-        from .external import OutlinesSide
-        from .measure import Settings
-        from .workloads import Workload
+        from specstruct.bench.external import OutlinesSide
+        from specstruct.bench.measure import Settings
+        from specstruct.bench.workloads import Workload
 
         side = OutlinesSide(engine, Settings(max_new_tokens=max_new_tokens))
     except ImportError as exc:

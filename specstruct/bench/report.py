@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .summary import EXTERNAL, PUBLISHED
+from specstruct.bench.summary import EXTERNAL, PUBLISHED
 
 SCENARIO_TITLES = {"json": "JSON generation", "code": "code writing", "prose": "prose writing"}
 

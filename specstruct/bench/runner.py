@@ -18,14 +18,14 @@ import sys
 from dataclasses import asdict
 from typing import Any, Iterable
 
-from ..errors import ConstraintError
-from ..extras import needs_extras
-from .baselines import SpecStructSide
-from .external import HFSide, OutlinesSide
-from .measure import Measurement, Settings
-from .fairness import require_same, weights_fingerprint
-from .summary import EXTERNAL, SPEC, TARGET_ONLY, summarize
-from .workloads import SCENARIOS, Workload, humaneval_completion, load_workloads
+from specstruct.errors import ConstraintError
+from specstruct.extras import needs_extras
+from specstruct.bench.baselines import SpecStructSide
+from specstruct.bench.external import HFSide, OutlinesSide
+from specstruct.bench.measure import Measurement, Settings
+from specstruct.bench.fairness import require_same, weights_fingerprint
+from specstruct.bench.summary import EXTERNAL, SPEC, TARGET_ONLY, summarize
+from specstruct.bench.workloads import SCENARIOS, Workload, humaneval_completion, load_workloads
 
 ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted", "llama.cpp")  # "specstruct" = target-only specstruct
 DEFAULT_BASELINES = ALL_BASELINES[:4]  # llama.cpp runs only when asked for (it needs a llama-server build)
@@ -201,7 +201,7 @@ def machine_info() -> dict[str, Any]:
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from .. import __version__
+    from specstruct import __version__
 
     out = {"specstruct": __version__}
     for pkg in ("torch", "transformers", "outlines", "outlines-core", "llguidance"):

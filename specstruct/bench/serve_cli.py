@@ -13,8 +13,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_setting
 
 def extraction_jobs(model_name: str, max_tokens: int, limit: int) -> list[Any]:
     """Typed-extraction requests (bench/extraction.py passages) sent as json_schema response formats."""
-    from .serve_load import Job
-    from .workloads import extraction_workloads
+    from specstruct.bench.serve_load import Job
+    from specstruct.bench.workloads import extraction_workloads
 
     jobs = []
     for w in extraction_workloads(limit):
@@ -85,7 +85,7 @@ def serve(
     """
     from rich.progress import Progress
 
-    from .serve_load import run_level
+    from specstruct.bench.serve_load import run_level
 
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     jobs = extraction_jobs(model, max_tokens, prompts)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .serve_load import Job, _pct, one_request
+from specstruct.bench.serve_load import Job, _pct, one_request
 
 HEALTH_LIMIT_S = 2.0
 RSS_TOLERANCE = 0.10

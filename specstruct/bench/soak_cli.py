@@ -80,8 +80,8 @@ def soak(
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .serve_cli import extraction_jobs
-    from .soak import hostile_bodies, plot, soak as run, table, verdict
+    from specstruct.bench.serve_cli import extraction_jobs
+    from specstruct.bench.soak import hostile_bodies, plot, soak as run, table, verdict
 
     kinds = hostile_bodies(model)
     names = list(kinds) if hostile == "all" else [] if hostile == "none" else [n.strip() for n in hostile.split(",")]

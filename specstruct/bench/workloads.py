@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from .extraction import PASSAGES, extraction_prompt
+from specstruct.bench.extraction import PASSAGES, extraction_prompt
 
 SCENARIOS = ("json", "code", "prose")
 # JSONSchemaBench splits sampled round-robin; easy real-world schemas first, function calling last.

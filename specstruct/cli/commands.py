@@ -13,9 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from specstruct.cli.support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
-                                    EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats,
-                                    read_text, load_schema, render_value, state)
+from specstruct.cli.support import EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK, EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats, read_text, load_schema, render_value, state
 from specstruct.serving.ray.extract import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_OTHER", "EXIT_USAGE", "EXIT_CONSTRAINT", "EXIT_MODEL_MISSING",
@@ -76,7 +74,7 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
 def _check(output_type: Any) -> None:
     """Compile what needs no tokenizer (regex, grammar, schema) first: a typo exits 3 before any model loads."""
     from specstruct.constraints import check_spec
-    from specstruct.output_types import resolve
+    from specstruct.types.output import resolve
 
     check_spec(resolve(output_type).spec)
 

@@ -1,6 +1,6 @@
 """What to compile and what a compiled constraint offers: the seam between the constraint compiler and the decoder.
 
-The decoder (`specstruct.decoding`) knows constraints only through the `Constraint` Protocol below, so a new backend
+The decoder (`specstruct.spec`) knows constraints only through the `Constraint` Protocol below, so a new backend
 plugs in by returning an object with these methods from `compile_constraint`.
 """
 

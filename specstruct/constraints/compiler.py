@@ -27,17 +27,17 @@ from pathlib import Path
 from typing import Sequence
 
 from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, read_entry, seal, write_atomic
-from specstruct.constraints import grammar_worker
-from specstruct.constraints.grammar_probe import probe, trusted
-from specstruct.constraints.isolate import build_index_bytes
-from specstruct.constraints.json_llguidance import check_support, compile_json, parse_schema
+from specstruct.constraints.llguidance import grammar_worker
+from specstruct.constraints.llguidance.grammar_probe import probe, trusted
+from specstruct.constraints.outlines.isolate import build_index_bytes
+from specstruct.constraints.llguidance.json_schema import check_support, compile_json, parse_schema
 from specstruct.constraints.limits import check_regex, limits, too_complex
-from specstruct.constraints.automaton import AutomatonConstraint, FreeTextConstraint, _Program
+from specstruct.constraints.outlines.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
-from specstruct.constraints.grammar import GrammarConstraint
+from specstruct.constraints.llguidance.grammar import GrammarConstraint
 from specstruct.constraints.base import ConstraintSpec
-from specstruct.constraints.regexes import choice_regex, json_regex
-from specstruct.constraints.token_table import TokenTable, token_table
+from specstruct.constraints.outlines.regexes import choice_regex, json_regex
+from specstruct.constraints.outlines.token_table import TokenTable, token_table
 
 __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from specstruct.errors import ModelNotFoundError
 from specstruct.extras import require
-from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_NAME, MARKER, ModelSpec, _spec,
-                                        model_dir, pull_command)
+from specstruct.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_NAME, MARKER, ModelSpec, _spec, model_dir, pull_command
 
 _CHUNK = 8 << 20  # 8 MiB: streaming unit for assembling and hashing
 
@@ -96,7 +95,7 @@ def assemble(name: str, dest: Path, progress: bool = True) -> Path:
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
     """Write what transformers needs beside a GGUF file into `out_dir`: config.json, generation_config.json and
     the tokenizer files (building the tokenizer from GGUF metadata takes ~20 s; from tokenizer.json, a second).
-    The weights stay in the GGUF file, quantized (decoding/gguf_model.py loads them as they ship)."""
+    The weights stay in the GGUF file, quantized (runtime/gguf_model.py loads them as they ship)."""
     from tqdm.auto import tqdm
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from specstruct.config import SpecConfig
-from specstruct.decoding.batch import BatchDecoder
-from specstruct.decoding.runtime import ModelRuntime, quantize_draft
+from specstruct.spec.batch import BatchDecoder
+from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 
 from test_speculative import PROMPTS, SPECS, _compile, _engine
 

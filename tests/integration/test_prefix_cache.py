@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import specstruct as ss
-from specstruct.decoding.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
-from specstruct.decoding.kv.layers import span
-from specstruct.decoding.kv.prefill import resume
-from specstruct.decoding.kv.tiers import DiskTier, MemoryTier
-from specstruct.decoding.runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
+from specstruct.runtime.kv.layers import span
+from specstruct.runtime.kv.prefill import resume
+from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
+from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.errors import KVMemoryError
 
 TEXT = ("Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON. "
@@ -99,7 +99,7 @@ def test_the_draft_model_reuses_cached_prefixes_too(tok, target, close_draft, co
                                                     monkeypatch):
     """The draft reads only what the cache lacks of a prompt (before, it re-read every prompt whole while the
     target skipped the cached part); greedy outputs stay those of cold runs."""
-    from specstruct.decoding import batch
+    from specstruct.spec import batch
 
     started = []
     original = batch.DraftState.__init__

@@ -16,10 +16,10 @@ from scipy.stats import chi2_contingency
 
 from specstruct.config import SpecConfig
 from specstruct.constraints.compiler import compile_constraint
-from specstruct.decoding.batch import BatchDecoder
-from specstruct.decoding.engine import Engine
+from specstruct.spec.batch import BatchDecoder
+from specstruct.spec.speculator import Speculator
 from specstruct.constraints.base import ConstraintSpec
-from specstruct.decoding.runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 
 PERSON = {
     "type": "object",
@@ -48,7 +48,7 @@ PROMPTS = [
 
 
 def _engine(tok, target, draft):
-    return Engine(ModelRuntime(target), tok, [tok.eos_token_id],
+    return Speculator(ModelRuntime(target), tok, [tok.eos_token_id],
                   draft=ModelRuntime(draft) if draft is not None else None)
 
 

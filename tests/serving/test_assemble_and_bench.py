@@ -57,7 +57,7 @@ def test_bench_serve_load_generator():
 def test_a_cut_after_complete_arguments_reports_exactly_those_arguments():
     """max_tokens ending the reply after the arguments' closing brace (inside the call's own `}` or the closing
     tag) gives the arguments as written, not with `}` and a piece of `</tool_call>` glued on."""
-    from specstruct.tools import ToolCallStreamer
+    from specstruct.constraints.tools.grammar import ToolCallStreamer
 
     head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}'
     for tail in ("", "}", "}\n<", "}\n</tool_", "}\n</tool_cal"):
@@ -68,7 +68,7 @@ def test_a_cut_after_complete_arguments_reports_exactly_those_arguments():
 
 
 def test_a_cut_inside_the_call_name_leaves_no_markup_in_the_text():
-    from specstruct.tools import ToolCallStreamer
+    from specstruct.constraints.tools.grammar import ToolCallStreamer
 
     assert ToolCallStreamer().cut('Sure.<tool_call>\n{"name": "noar') == ("Sure.", [])
     streamer = ToolCallStreamer()

@@ -114,7 +114,7 @@ def test_queue_time_ends_at_admission_not_after_the_prefill(monkeypatch):
 
 def test_seeds_beyond_32_bits_are_not_folded_onto_small_ones(tok):
     """torch's CPU generator keeps 32 bits of a seed: 0, 2**32, 2**63 and -2**63 sampled the same tokens."""
-    from specstruct.decoding.row import generator_seed
+    from specstruct.spec.row import generator_seed
 
     assert generator_seed(7) == 7 and generator_seed(2**32 - 1) == 2**32 - 1  # seeded outputs stay as they were
     seeds = [0, 2**32, 2**63, -1, 5 + 2**40]  # (-2**63 is 2**63 to torch: the same 64 bits)

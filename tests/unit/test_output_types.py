@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from specstruct.constraints.compiler import compile_constraint
 from specstruct.errors import ConstraintError
-from specstruct.output_types import Choice, Code, Grammar, Regex, parse_code, resolve
+from specstruct.types.output import Choice, Code, Grammar, Regex, parse_code, resolve
 
 
 class Address(BaseModel):

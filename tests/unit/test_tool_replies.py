@@ -8,7 +8,7 @@ import pytest
 
 import specstruct as ss
 from specstruct.testing import scripted_engine
-from specstruct.tool_replies import reply_spec
+from specstruct.api.tool_replies import reply_spec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -89,7 +89,7 @@ def test_malformed_tools_are_named(tools, match):
 def test_tool_choice_none_never_returns_calls_and_only_the_grammars_fence_is_a_call():
     """Found with the real model: under "none" a fenced JSON block (free text there) came back as a call, even to
     an unbound tool; a looser fence than the grammar's (leading space, no newlines) parsed as an unchecked call."""
-    from specstruct.tools import parse_tool_calls
+    from specstruct.constraints.tools.grammar import parse_tool_calls
 
     fenced = '```json\n{"name": "delete_all", "arguments": {"force": true}}\n```'
     reply = scripted_engine(fenced, max_new_tokens=60).generate("hi", tools=[WEATHER], tool_choice="none")

@@ -115,7 +115,7 @@ def test_a_verbose_regex_with_a_trailing_comment_compiles(engine):
 def test_a_huge_schema_is_refused_by_size_before_any_unbounded_check(engine, monkeypatch):
     """Found by probing: a 10.7 MB schema spent a minute in jsonschema's metaschema check (no time bound) before
     max_schema_bytes refused it; now the size comes first, and schemas over 256 KB skip that check."""
-    from specstruct import output_types
+    from specstruct.types import output as output_types
 
     checked = []
     monkeypatch.setattr(output_types, "_check_schema", lambda cls, schema: checked.append(1))

@@ -30,7 +30,7 @@ def _native_output_type(schema: Any) -> Any:
     if issubclass(schema, v1.BaseModel):
         return None  # Pydantic v2 cannot describe v1 classes: use their JSON schema
     from specstruct.errors import ConstraintError
-    from specstruct.output_types import resolve
+    from specstruct.types.output import resolve
 
     try:
         resolve(schema)

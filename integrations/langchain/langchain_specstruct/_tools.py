@@ -1,6 +1,6 @@
-"""Tool calling for LangChain: specstruct.tools (the grammar from the tools' schemas, `tool_choice`, parsing
+"""Tool calling for LangChain: specstruct.constraints.tools.grammar (the grammar from the tools' schemas, `tool_choice`, parsing
 Qwen's `<tool_call>` format) with its plain call dicts turned into LangChain `ToolCall`s and
-`ToolCallChunk`s. The grammar and parsing logic lives in specstruct.tools, shared with the OpenAI server."""
+`ToolCallChunk`s. The grammar and parsing logic lives in specstruct.constraints.tools.grammar, shared with the OpenAI server."""
 
 from __future__ import annotations
 
@@ -11,25 +11,12 @@ from typing import Any
 from langchain_core.messages.tool import (InvalidToolCall, ToolCall, ToolCallChunk, invalid_tool_call, tool_call,
                                           tool_call_chunk)
 
-from specstruct import tools as _core
-from specstruct.tools import (  # noqa: F401 - re-exported for the chat model and the tests
-    CLOSE,
-    FENCE_CLOSE,
-    FENCE_OPEN,
-    OPEN,
-    call_schema,
-    new_call_id,
-    not_prefixed_by,
-    reply_text,
-    select_tools,
-    special_markers,
-    tool_grammar,
-    tool_name,
-)
+from specstruct.constraints.tools import grammar as _core
+from specstruct.constraints.tools.grammar import CLOSE, FENCE_CLOSE, FENCE_OPEN, OPEN, call_schema, new_call_id, not_prefixed_by, reply_text, select_tools, special_markers, tool_grammar, tool_name
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """Split generated text into (free text, LangChain tool calls); see specstruct.tools.parse_tool_calls."""
+    """Split generated text into (free text, LangChain tool calls); see specstruct.constraints.tools.grammar.parse_tool_calls."""
     content, calls = _core.parse_tool_calls(text)
     return content, [tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in calls]
 

@@ -150,7 +150,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
                         calls=bool(tools) and kwargs.get("tool_choice") not in ("none", False))  # "none": text only
 
     def _reply_text(self, req: _Request, result: Any) -> str:
-        """The reply text; with tools, `<tool_call>` markers kept where decoding hides them (specstruct.tools)."""
+        """The reply text; with tools, `<tool_call>` markers kept where decoding hides them (specstruct.constraints.tools.grammar)."""
         return reply_text(req.engine.tokenizer, result.text, result.token_ids, req.tools)
 
     def _metadata(self, req: _Request, result: Any, has_calls: bool) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over a specstruct engine (`specstruct serve`; needs `pip install
 "specstruct[server]"`)."""
 
-from .app import create_app
-from .limits import ServerLimits
+from specstruct.serving.openai.app import create_app
+from specstruct.serving.openai.limits import ServerLimits
 
 __all__ = ["create_app", "ServerLimits"]

@@ -24,15 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specstruct.errors import IncompleteOutputError
 
-from .assemble import Assembler
-from .errors import APIError, from_exception, shutting_down
-from .guard import Admission, authorize, parse, read_json
-from .limits import ServerLimits
-from .metrics import Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import DONE, Shape
-from .runner import chunks, prepare
-from .translate import EngineCall, chat_call, completion_call
+from specstruct.serving.openai.assemble import Assembler
+from specstruct.serving.openai.errors import APIError, from_exception, shutting_down
+from specstruct.serving.openai.guard import Admission, authorize, parse, read_json
+from specstruct.serving.openai.limits import ServerLimits
+from specstruct.serving.openai.metrics import Metrics
+from specstruct.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
+from specstruct.serving.openai.responses import DONE, Shape
+from specstruct.serving.openai.runner import chunks, prepare
+from specstruct.serving.openai.translate import EngineCall, chat_call, completion_call
 
 
 class _Server:

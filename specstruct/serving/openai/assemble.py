@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specstruct import tools as tool_core
+from specstruct.constraints.tools import grammar as tool_core
 from specstruct.errors import IncompleteOutputError
 
-from .translate import EngineCall
+from specstruct.serving.openai.translate import EngineCall
 
 
 def call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from .errors import APIError, bad_request, overloaded
-from .limits import ServerLimits
+from specstruct.serving.openai.errors import APIError, bad_request, overloaded
+from specstruct.serving.openai.limits import ServerLimits
 
 M = TypeVar("M", bound=BaseModel)
 

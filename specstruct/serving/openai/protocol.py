@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import bad_request
+from specstruct.serving.openai.errors import bad_request
 
 
 class _Open(BaseModel):

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assemble import merge, speculation, usage
+from specstruct.serving.openai.assemble import merge, speculation, usage
 
 
 def _frame(obj: dict[str, Any]) -> bytes:

@@ -12,9 +12,9 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from .errors import NO_RETRY, APIError, bad_request, from_exception, shutting_down
-from .limits import ServerLimits
-from .translate import EngineCall
+from specstruct.serving.openai.errors import NO_RETRY, APIError, bad_request, from_exception, shutting_down
+from specstruct.serving.openai.limits import ServerLimits
+from specstruct.serving.openai.translate import EngineCall
 
 _DONE = object()
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import specstruct as ss
-from specstruct.inputs import arguments_object
-from specstruct import tools as tool_core
+from specstruct.api.inputs import arguments_object
+from specstruct.constraints.tools import grammar as tool_core
 from specstruct.errors import ConstraintError
 
-from .errors import bad_request
-from .limits import ServerLimits
-from .protocol import (ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported,
-                       structured_extra)
+from specstruct.serving.openai.errors import bad_request
+from specstruct.serving.openai.limits import ServerLimits
+from specstruct.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported, structured_extra
 
 
 @dataclass

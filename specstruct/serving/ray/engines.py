@@ -40,7 +40,7 @@ class Pretrained:
     batch: dict[str, Any] = field(default_factory=dict)  # BatchConfig keys, for engines that batch
 
     def __call__(self):
-        from specstruct.api import SpecStruct
+        from specstruct.api.specstruct import SpecStruct
 
         import inspect
 

@@ -202,7 +202,7 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
     map_batches_kwargs  passed to Dataset.map_batches (memory=, runtime_env=, ...)
     """
     from specstruct.constraints import check_spec
-    from specstruct.output_types import resolve
+    from specstruct.types.output import resolve
 
     check_spec(resolve(output_type).spec)  # a schema that cannot compile raises here, before any actor loads a model
     limits = RowLimits(max_input_tokens, row_timeout)

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specstruct.serving.ray.engines import engine_factory, require_ray
-from specstruct.serving.ray.extract import (DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S, RESULT_COLUMNS,
-                                            BadInputError, RowLimits, make_prompt, result_row, run_row)
+from specstruct.serving.ray.extract import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S, RESULT_COLUMNS, BadInputError, RowLimits, make_prompt, result_row, run_row
 
 
 def count_lines(path: Path) -> int:
@@ -98,7 +97,7 @@ def extract_jsonl(input_path: str, output_path: str, output_type: Any, *, model:
     if not source.is_file():
         raise FileNotFoundError(f"--input {input_path!r} not found")
     from specstruct.constraints import check_spec
-    from specstruct.output_types import resolve
+    from specstruct.types.output import resolve
 
     check_spec(resolve(output_type).spec)  # a schema that cannot compile raises before any actor loads a model
     limits = RowLimits(max_input_tokens, row_timeout)

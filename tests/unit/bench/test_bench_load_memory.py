@@ -1,4 +1,4 @@
-"""`python -m specstruct.bench.load_memory` on a tiny model saved to a folder (the figures come from the real pair)."""
+"""`python -m benchmarks.load_memory` on a tiny model saved to a folder (the figures come from the real pair)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specstruct.bench.load_memory import main
+from benchmarks.load_memory import main
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specstruct.bench.forward_cost import measure
+from benchmarks.forward_cost import measure
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 
@@ -20,7 +20,7 @@ def test_measure_times_each_k_and_profiles_the_last():
 
 
 def test_prefill_cost_times_stock_and_both_chunkings_and_leaves_the_model_row_invariant():
-    from specstruct.bench.forward_cost import prefill_cost
+    from benchmarks.forward_cost import prefill_cost
 
     model = tiny_model(tiny_tokenizer(), seed=0)
     cost = prefill_cost(model, 40, repeats=1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specstruct.bench.kernel_ab import compare
-from specstruct.decoding import fixed_linear
+from benchmarks.kernel_ab import compare
+from specstruct.runtime import fixed_linear
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specstruct.bench import attention_ab, step_ab
-from specstruct.decoding import packed
+from benchmarks import attention_ab, step_ab
+from specstruct.runtime import packed
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 
@@ -30,8 +30,8 @@ def test_step_ab_times_transformers_and_the_runtime_on_the_same_context():
 
 
 def test_step_breakdown_times_the_parts_and_puts_the_model_back():
-    from specstruct.bench import step_breakdown
-    from specstruct.decoding.runtime import ModelRuntime
+    from benchmarks import step_breakdown
+    from specstruct.runtime.model_runtime import ModelRuntime
 
     model = tiny_model(tiny_tokenizer(), seed=0)
     ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does

@@ -10,7 +10,7 @@ import pickle
 import pytest
 
 from specstruct.constraints import compiler
-from specstruct.constraints import token_table as tt
+from specstruct.constraints.outlines import token_table as tt
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.cache import _WARNED, seal, unseal
 from specstruct.testing import tiny_tokenizer

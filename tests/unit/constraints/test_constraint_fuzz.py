@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from specstruct.bench.conformance import serialise
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.compiler import compile_constraint
-from specstruct.constraints.schema_closing import close_objects
+from specstruct.constraints.schema.closing import close_objects
 from specstruct.errors import ConstraintError
 
 EXAMPLES = int(os.environ.get("SPECSTRUCT_FUZZ_EXAMPLES", "8"))

@@ -170,7 +170,7 @@ def test_env_and_set_limits_name_the_knob():
 def test_a_forked_child_gets_its_own_compile_worker(tok):
     import os
 
-    from specstruct.constraints import isolate
+    from specstruct.constraints.outlines import isolate
 
     make(tok, "regex", "[ab]{2}")
     parent = isolate._STATE["w"]
@@ -189,7 +189,7 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
     """Ctrl-C while waiting must not leave a child spinning in llguidance's loop (an orphan at 100% CPU)."""
     import os
 
-    from specstruct.constraints import grammar_probe
+    from specstruct.constraints.llguidance import grammar_probe
 
     L.set_limits(time_s=5.0)
     children = []

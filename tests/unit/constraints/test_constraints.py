@@ -303,7 +303,7 @@ def test_compiled_programs_are_cached_and_masks_shared(tok):
 
 def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
     import specstruct.constraints.compiler as C
-    import specstruct.constraints.token_table as T
+    import specstruct.constraints.outlines.token_table as T
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
     monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
@@ -340,7 +340,7 @@ def test_user_regex_cannot_escape_its_group(tok):
 
 
 def test_mask_cache_is_bounded(tok, monkeypatch):
-    import specstruct.constraints.automaton as A
+    import specstruct.constraints.outlines.automaton as A
     import specstruct.constraints.compiler as C
 
     monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
@@ -373,7 +373,7 @@ def test_numeric_regex_matches_python_comparisons():
     import random
     import re
 
-    from specstruct.constraints.numeric_regex import integer_regex, number_regex
+    from specstruct.constraints.schema.numeric_regex import integer_regex, number_regex
 
     rnd = random.Random(0)
     for _ in range(150):

@@ -92,7 +92,7 @@ def test_a_normal_grammar_walks_forks_and_rolls_back_as_before(tok, quick):
 def test_the_child_is_gone_once_its_constraint_is(tok, quick):
     import gc
 
-    from specstruct.constraints import grammar_worker
+    from specstruct.constraints.llguidance import grammar_worker
 
     g = make(tok, 'start: "q" /[a-z]+/')
     pid = grammar_worker.pid_of(g._m)
@@ -104,7 +104,7 @@ def test_the_child_is_gone_once_its_constraint_is(tok, quick):
 
 
 def test_a_killed_child_fails_every_fork_at_once_and_others_go_on(tok, quick):
-    from specstruct.constraints import grammar_worker
+    from specstruct.constraints.llguidance import grammar_worker
 
     g = make(tok, 'start: "q" /[a-z]+/')
     fork = g.fork()

@@ -10,7 +10,7 @@ import pytest
 
 from specstruct.constraints import limits as L
 from specstruct.errors import ConstraintError
-from specstruct.output_types import resolve
+from specstruct.types.output import resolve
 
 
 def test_backtracking_pattern_is_checked_in_bounded_time():

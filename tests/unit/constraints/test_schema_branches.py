@@ -10,7 +10,7 @@ import json
 import pytest
 from test_schema_logic import case_tests, make
 
-from specstruct.constraints.json_llguidance import _grammar, prepare
+from specstruct.constraints.llguidance.json_schema import _grammar, prepare
 from specstruct.errors import ConstraintError
 
 AB = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from specstruct.bench.conformance import serialise
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.compiler import compile_constraint
-from specstruct.constraints.json_llguidance import prepare
-from specstruct.constraints.schema_logic import _complement
+from specstruct.constraints.llguidance.json_schema import prepare
+from specstruct.constraints.schema.logic import _complement
 from specstruct.errors import ConstraintError
 
 OBJ = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
@@ -221,7 +221,7 @@ def test_a_negation_that_leaves_nothing_admits_no_value(tok):
 def test_schema_walks_enter_properties_whatever_their_names():
     """A property may be called "default", "enum" or "not": its schema is still walked (the walk used to skip it as
     if it were the keyword), so an allOf `$ref` inside it is opened like any other."""
-    from specstruct.constraints.schema_logic import dict_nodes
+    from specstruct.constraints.schema.logic import dict_nodes
 
     inner = {"allOf": [{"$ref": "#/definitions/cmd"}, {"required": ["command"]}]}
     schema = {"type": "object", "definitions": {"cmd": {"type": "object", "properties": {"command": {"type": "string"},

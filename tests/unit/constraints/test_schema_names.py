@@ -94,7 +94,7 @@ def test_pydantic_dicts_keyed_by_int_enum_uuid_date_bool_or_float():
 def test_key_types_with_their_own_bounds_are_left_to_pydantic_and_int_literals_are_listed(tok):
     from pydantic import PositiveInt
 
-    from specstruct.output_types import resolve
+    from specstruct.types.output import resolve
 
     assert "propertyNames" not in resolve(dict[PositiveInt, int]).json_schema  # "-1" would pass a pattern
     from pydantic import StrictInt

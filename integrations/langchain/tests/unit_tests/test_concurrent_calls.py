@@ -55,12 +55,6 @@ def engine():
     e.close()
 
 
-def batched_decoder(engine) -> bool:
-    from specstruct.decoding.serial import SerialBatchDecoder
-
-    return not isinstance(engine.scheduler.decoder, SerialBatchDecoder)
-
-
 def test_abatch_of_structured_calls_runs_concurrently(engine):
     structured = ChatSpecStruct(engine=engine).with_structured_output(Light)
     passes = engine.scheduler.passes
@@ -71,8 +65,7 @@ def test_abatch_of_structured_calls_runs_concurrently(engine):
     together = bounded(lambda: asyncio.run(structured.abatch(PROMPTS)))
     assert together == alone and all(isinstance(x, Light) for x in together)
     assert max(engine.in_queue) >= 2  # the calls were queued together, not one after another
-    if batched_decoder(engine):  # activates with decoding.batch.BatchDecoder (the serial stand-in: equal)
-        assert engine.scheduler.passes - passes < alone_passes
+    assert engine.scheduler.passes - passes < alone_passes  # together they shared passes
 
 
 def test_batch_ainvoke_and_astream_share_the_engine(engine):

@@ -263,7 +263,7 @@ def test_parameters_from_real_schemas_keep_their_refs_ids_and_open_objects(lltok
 
 
 def test_a_cut_call_keeps_its_name_and_the_arguments_written_so_far():
-    from specstruct.tools import ToolCallStreamer
+    from specstruct.constraints.tools.grammar import ToolCallStreamer
 
     for text, expected in [('<tool_call>\n{"name": "add", "arguments": {"a": 1', ("add", '{"a": 1')),
                            ('<tool_call>\n{"name": "add", "argu', ("add", "")),
@@ -301,7 +301,7 @@ def test_with_the_marker_as_a_special_token_text_may_come_before_checked_calls()
 
 
 def test_streamed_text_then_a_call_gives_what_invoke_gives():
-    from specstruct.tools import ToolCallStreamer, parse_tool_calls
+    from specstruct.constraints.tools.grammar import ToolCallStreamer, parse_tool_calls
 
     text = 'Let me check.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     streamer, out, calls = ToolCallStreamer(), [], []

@@ -1,0 +1,96 @@
+"""`python -m benchmarks.draft_agreement [int8|float32] [prompts]`: does the draft model agree with the target
+inside the engine as often as it does teacher-forced?
+
+For typed-extraction prompts it decodes speculatively while logging every draft-model proposal and every step's
+segments, then runs one teacher-forced pass of prompt + output through each model and compares, per position:
+the draft's masked argmax (teacher-forced) with the target's output, and each in-engine draft token with the
+teacher-forced draft argmax at the same position (equal when the draft's cache is in step). Draft tokens
+proposed after an off-path context (a wrong lookup or forced span earlier in the same step) are counted apart.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+
+def _masks(constraint, out):
+    f, masks = constraint.fork(), []
+    for t in out:
+        masks.append(f.mask().clone())
+        f.advance([t])
+    return masks
+
+
+def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
+    from specstruct.spec import batch as batch_module
+
+    drafter = eng.engine.drafters["model"]
+    props: list[tuple[list[int], list[int]]] = []
+    inner = batch_module.run_drafts
+
+    def logged(runtime, jobs, eos, costs):  # what the draft proposed: the hint prefix it kept, then its own tokens
+        inner(runtime, jobs, eos, costs)
+        props.extend((list(j.context), j.hint[: j.hint_kept] + list(j.tokens)) for j in jobs if not j.feed_only)
+
+    batch_module.run_drafts = logged
+    try:
+        ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
+        c = eng.constraint(w.output_type)
+        dec = eng.engine.decode(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)).run()
+    finally:
+        batch_module.run_drafts = inner
+    out, P = dec.token_ids, len(ids)
+    masks = _masks(c, out)
+    with torch.inference_mode():
+        seq = torch.tensor([ids + out])
+        dl = drafter.runtime.model(input_ids=seq).logits[0].float()
+    V = masks[0].shape[0]
+    tf = [int(torch.argmax(dl[P + i - 1, :V].masked_fill(~masks[i], float("-inf")))) for i in range(len(out))]
+    n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))))
+    for ctx, toks in props:
+        p = len(ctx) - P
+        if toks and ctx[P:] != out[:p]:
+            n["off_path_tokens"] += len(toks)
+            continue
+        for j, t in enumerate(toks):
+            if p + j >= len(out) or toks[:j] != out[p:p + j]:
+                break
+            n["on_path"] += 1
+            n["eq_teacher_forced_draft"] += t == tf[p + j]
+            n["eq_target"] += t == out[p + j]
+    per = {k: f"{s.accepted}/{s.proposed} judged {s.judged} overruled {s.overruled}"
+           for k, s in dec.stats.per_drafter.items()}
+    print(f"{w.id}: {dict(n)}; per drafter {per}; {dec.stats.tokens_per_forward:.2f} tokens per target pass")
+    return n
+
+
+def main() -> None:
+    import specstruct as ss
+    from specstruct.config import SpecConfig
+
+    from specstruct.bench.workloads import extraction_workloads
+
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.draft_agreement", description=(
+        "Where the draft model and the target agree on the extraction prompts: each draft token proposed on the "
+        "target's path, against the teacher-forced draft and the target (the real Qwen pair, pulled)."),
+        epilog="example: python -m benchmarks.draft_agreement int8 2")
+    parser.add_argument("numerics", nargs="?", default="float32", choices=["float32", "int8"],
+                        help="the draft's numerics (default float32)")
+    parser.add_argument("limit", nargs="?", type=int, default=2, help="extraction prompts to run (default 2)")
+    args = parser.parse_args()
+    numerics, limit = args.numerics, args.limit
+    torch.set_num_threads(2)
+    eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
+                                        config=SpecConfig(draft_numerics=numerics))
+    total = collections.Counter()
+    for w in extraction_workloads(limit):
+        total.update(analyse(eng, w))
+    print("total", dict(total))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Where one decode step of specstruct's runtime goes: its parts timed by wrapping them, in one process.
+
+    python -m benchmarks.step_breakdown [--model qwen2.5-coder-0.5b] [--draft] [--cache 300] [--repeats 20]
+
+Runs `--repeats` one-token steps on a `--cache`-token context and reports the median step and, per step, the time
+inside the Linear layers (the LM head apart), the attention function (its KV cache update apart) and the RMSNorm
+layers; the rest is the model's other small ops (rotary, activation, residuals) and Python. `--draft` times the
+model as the engine runs a draft (weight-only int8). The wrappers add a few microseconds per call, so the parts are
+slightly high and the rest slightly low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import statistics
+import time
+
+import torch
+
+
+@contextlib.contextmanager
+def _timed(totals: collections.Counter, key: str, obj, name: str):
+    """Add the time spent in `obj.name` (a module's forward, or a class's function) to totals[key]; restored after."""
+    original, own = getattr(obj, name), obj.__dict__.get(name)  # own: an instance's forward replaced (the kernels)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t0
+
+    setattr(obj, name, wrapper)
+    try:
+        yield
+    finally:
+        if own is not None:
+            setattr(obj, name, own)
+        else:
+            delattr(obj, name)  # the class's own again
+
+
+def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
+    """Median step and per-step milliseconds of each part (see the module docstring)."""
+    from transformers import AttentionInterface, DynamicCache
+
+    from specstruct.runtime import packed
+    from specstruct.runtime.model_runtime import ModelRuntime
+
+    rt = ModelRuntime(model)
+    vocab = rt.vocab_size
+    rt.prefill([(100 + i) % vocab for i in range(cache)], reuse=False)
+    head = model.get_output_embeddings()
+    totals: collections.Counter = collections.Counter()
+    with contextlib.ExitStack() as stack:
+        for m in model.modules():
+            linear = hasattr(m, "in_features") and hasattr(m, "out_features")
+            kind = ("lm head" if m is head else "linear layers" if linear
+                    else "rmsnorm" if type(m).__name__.endswith("RMSNorm") else None)
+            if kind:
+                stack.enter_context(_timed(totals, kind, m, "forward"))
+        stack.enter_context(_timed(totals, "kv cache update", DynamicCache, "update"))
+        attention = packed.packed_attention
+
+        def timed_attention(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return attention(*args, **kwargs)
+            finally:
+                totals["attention"] += time.perf_counter() - t0
+
+        AttentionInterface.register(packed.ATTN_NAME, timed_attention)
+        stack.callback(AttentionInterface.register, packed.ATTN_NAME, attention)
+        steps = []
+        for r in range(repeats + 2):  # two warm-up steps
+            if r == 2:
+                totals.clear()
+            t0 = time.perf_counter()
+            rt.extend([500 % vocab])
+            steps.append(time.perf_counter() - t0)
+            rt.crop(cache)
+    out = {"step": statistics.median(steps[2:]) * 1e3}
+    parts = {k: v / repeats * 1e3 for k, v in totals.items()}
+    parts["attention"] = parts.get("attention", 0.0) - parts.get("kv cache update", 0.0)
+    out.update(parts)
+    out["other small ops and Python"] = statistics.mean(steps[2:]) * 1e3 - sum(parts.values())
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specstruct.runtime.model_runtime import quantize_draft
+    from specstruct.models import load
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--draft", action="store_true", help="time the model as a draft (weight-only int8)")
+    ap.add_argument("--cache", type=int, default=300, help="tokens already in the cache")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    model, _ = load(args.model)
+    if args.draft:
+        model = quantize_draft(model)
+    parts = breakdown(model, args.cache, args.repeats)
+    print(f"{args.model}{' (int8 draft)' if args.draft else ''}, {torch.get_num_threads()} threads, {args.cache}-token "
+          f"cache: one step {parts.pop('step'):.1f} ms (median of {args.repeats}); per step:")
+    for name, ms in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:28s} {ms:6.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

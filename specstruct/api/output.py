@@ -1,0 +1,70 @@
+"""From a request's committed tokens to text: the final text of a finished row (cut at stops, complete under its
+constraint or IncompleteOutputError), and a stream's chunks: text deltas (with the partial object in JSON modes), then
+a last chunk with the validated Result. Shared by `run`, `stream` and their asyncio twins."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from specstruct.constraints.base import finished
+from specstruct.spec import stops
+from specstruct.errors import IncompleteOutputError, InvalidParameterError, ValidationRetryError
+from specstruct.types.output import OutputSpec
+from specstruct.results import Chunk, Result
+from specstruct.api.streaming import IncrementalDetokenizer, partial_json
+
+RETRYABLE = (ValueError, SyntaxError, TypeError)  # pydantic.ValidationError is a ValueError
+
+
+def deadline(timeout: float | None) -> float | None:
+    """A `timeout=` in seconds as a time.monotonic() deadline (None or inf: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise InvalidParameterError(f"timeout={timeout!r}: give seconds as a number >= 0 (None or float('inf'): "
+                                    "no limit)")
+    return None if timeout == float("inf") else time.monotonic() + timeout
+
+
+def final_text(owner: Any, decode: Any, spec: OutputSpec, constraint: Any, cfg: Any) -> str:
+    """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
+    is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
+    full = owner.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
+    text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
+    if text != full and spec.spec.mode not in ("text", "code") and not owner._compile(spec).accepts(text):
+        hit = min((s for s in cfg.stop if s in full), key=full.find)
+        raise IncompleteOutputError(
+            f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
+            "complete value; remove that stop string (constrained outputs end by themselves)",
+            text, decode.token_ids, decode.stats, reason="stop")
+    if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
+            and not finished(constraint, owner.eos_token_ids)):
+        raise IncompleteOutputError(
+            f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
+            f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
+    return text
+
+
+class StreamChunks:
+    def __init__(self, owner: Any, spec: OutputSpec, constraint: Any, cfg: Any):
+        self.owner, self.spec, self.constraint, self.cfg = owner, spec, constraint, cfg
+        self.detok = IncrementalDetokenizer(owner.tokenizer, cfg.stop, code_fence=spec.spec.mode == "code")
+        self.json_mode = spec.spec.mode == "json"
+
+    def push(self, tokens: list[int]) -> Chunk | None:
+        delta = self.detok.push(tokens)
+        return Chunk(text=delta, partial=partial_json(self.detok.safe_text) if self.json_mode else None) if delta else None
+
+    def final(self, row: Any) -> Chunk:
+        text = final_text(self.owner, row, self.spec, self.constraint, self.cfg)
+        try:
+            value = self.spec.parse(text, row.token_ids)
+        except RETRYABLE as err:
+            raise ValidationRetryError(f"the streamed output failed validation: {err}",
+                                       [{"text": text, "error": str(err), "stats": row.stats}]) from err
+        result = Result(value=value, text=text, token_ids=row.token_ids, stats=row.stats,
+                        finish_reason=row.finish_reason)
+        return Chunk(text=text[self.detok.emitted:], partial=partial_json(text) if self.json_mode else None,
+                     result=result)  # `partial` stays the parsed JSON (a dict) to the end; the value is result.value

@@ -1,0 +1,290 @@
+"""SpecStruct: the public entry point.
+
+    engine = SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    person = engine.generate("Extract: Ada Lovelace, 36.", Person)      # -> Person
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Generator, Iterator, Sequence, TypeVar, overload
+
+import torch
+
+from specstruct.config import BatchConfig, SpecConfig
+from specstruct.constraints import Constraint, compile_constraint
+from specstruct.spec.speculator import Speculator
+from specstruct.runtime.openmp import release_pool
+from specstruct.engine.scheduler import DecoderFactory, Scheduler
+from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
+from specstruct.types.output import OutputSpec, resolve
+from specstruct.results import Chunk, Result
+from specstruct.runtime.kv.memory import KVBudget, build as build_kv_tiers, close_all
+from specstruct.engine.preempt import Preemption
+from specstruct.runtime.load_memory import collect_and_trim, trim_heap
+from specstruct.runtime.quantized import is_quantized
+from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.api.aio import AsyncCalls
+from specstruct.api.output import RETRYABLE, StreamChunks, deadline, final_text
+from specstruct.api.inputs import RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
+from specstruct.api.prompt_ids import chat_ids
+from specstruct.api.tool_replies import ToolReply, reply_spec
+
+T = TypeVar("T")
+Prompt = str | Sequence[dict[str, Any]] | RawPrompt
+
+
+class SpecStruct(AsyncCalls):
+    """A target model (and optionally a draft model) that generates constrained output, speculatively."""
+
+    def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
+                 draft_tokenizer=None, model_name: str | None = None,
+                 batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None):
+        check_models(model, draft_model)
+        self.config = config or SpecConfig()
+        self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
+        self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        if draft_model is not None:
+            from specstruct.models.loading import matched_draft
+
+            draft_model = matched_draft(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
+        self.eos_token_ids = eos_token_ids(tokenizer, model)
+        self.runtime = ModelRuntime(model)
+        draft_rt = None
+        if draft_model is not None:
+            if self.config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
+                    and not is_quantized(draft_model):  # a quantized draft computes as it ships
+                draft_model = quantize_draft(draft_model)
+            draft_rt = ModelRuntime(draft_model)
+        self.draft_model = draft_model
+        # prefix cache shared by target and draft (namespaced by model and numerics), spill store, budget check
+        self.prefix_cache, self.kv_store = build_kv_tiers(self.config.prefix_cache_bytes, self.config.kv_memory,
+                                                          self.runtime.device)
+        for rt in (self.runtime, draft_rt):
+            if rt is not None:
+                rt.prefix_cache = self.prefix_cache
+        self._kv_budget = KVBudget(self.config.kv_memory.active_bytes, model, draft_model)
+        self.engine = Speculator(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
+        self.numerics = self.engine.numerics
+        self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
+        # One thread owns the models; every call is a request to it (`decoder` swaps the row decoder: tests).
+        # Past kv_memory.active_bytes (all running rows) it pauses the newest rows, their KV spilled to kv_store.
+        self._preemption = Preemption(self._kv_budget, self.kv_store)
+        self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
+        self._finalizer = weakref.finalize(self, close_all, self.scheduler.close, self.prefix_cache.close,
+                                           self.kv_store.close)  # spill files go with the engine, not at exit
+        trim_heap()  # loading freed float32 copies (the draft's, before int8) in pieces glibc would keep
+        release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
+
+    @classmethod
+    def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,
+                        decoding_params: dict[str, Any] | None = None,
+                        batch_config: BatchConfig | dict[str, Any] | None = None) -> "SpecStruct":
+        """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
+        model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig, `batch_config` the
+        keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue)."""
+        from specstruct.runtime.gguf_model import load_model
+
+        config = (config or SpecConfig()).merged(**(decoding_params or {}))  # both: decoding_params win
+        device = resolve_device(config.device)
+        dtype = getattr(torch, config.dtype) if config.dtype != "auto" else torch.float32
+        target, tokenizer = load_model(model, weights=config.weights, device=device, dtype=dtype)
+        draft = draft or config.draft_model_path
+        draft_model = draft_tok = None
+        if draft:
+            draft_model, draft_tok = load_model(draft, weights=config.weights, device=device, dtype=dtype)
+        engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
+                     batch_config=batch_config)
+        del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
+        collect_and_trim()       # cycle) now, and give its heap back to the system (bench.load_memory)
+        return engine
+
+    # -- building blocks ----------------------------------------------------------------------------------------
+    def constraint(self, output_type: Any = None) -> Constraint:
+        """The compiled constraint for an output type, over this engine's tokenizer (cached)."""
+        return self._compile(resolve(output_type))
+
+    def _compile(self, spec: OutputSpec) -> Constraint:
+        try:
+            return compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
+                                      eos_token_ids=self.eos_token_ids)
+        finally:
+            release_pool()  # building token tables ran OpenMP regions on this thread (a server's worker thread)
+
+    def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None
+                 ) -> list[dict[str, Any]] | RawPrompt:
+        """The chat messages a call sends: the prompt plus a system instruction naming the output's schema (a
+        RawPrompt as it is)."""
+        return self._messages(prompt, resolve(output_type), system)
+
+    def prompt_ids(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+                   tools: list[dict] | None = None, max_new_tokens: int | None = None) -> list[int]:
+        """The exact prompt token ids a call sends to the model (chat template applied)."""
+        return self._encode(self.messages(prompt, output_type, system=system), tools,
+                            max_new_tokens or self.config.max_new_tokens)
+
+    def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
+        messages = check_prompt(prompt)
+        check_system(system)
+        if isinstance(messages, RawPrompt):
+            if system:
+                raise InvalidPromptError("system= needs chat messages: a RawPrompt is continued as written, so put "
+                                         "that text into it, or pass messages")
+            return messages  # type: ignore[return-value]
+        instruction = "\n\n".join(s for s in (system, spec.instruction) if s)
+        if instruction:
+            if messages and messages[0].get("role") == "system":
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{instruction}"
+            else:
+                messages.insert(0, {"role": "system", "content": instruction})
+        return messages
+
+    def _encode(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new_tokens: int) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(messages, RawPrompt):  # its author's control tokens are meant: encoded as written
+            ids = tok.encode(messages.text, add_special_tokens=True)
+        else:  # only the template's own markers are control tokens, never a message's text (prompt_ids.py)
+            ids = chat_ids(tok, messages, tools)
+        limit = self.runtime.max_length
+        if limit and len(ids) + max_new_tokens > limit:
+            raise too_long(messages, ids, tok, max_new_tokens, limit)
+        self._kv_budget.check(len(ids), max_new_tokens)
+        return ids
+
+    def _config(self, config: SpecConfig | dict[str, Any] | None, **overrides: Any) -> SpecConfig:
+        return self.config.for_call(config, **overrides)
+
+    def cache_info(self) -> dict[str, Any]:
+        """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills; and
+        under "preemption": rows paused and resumed (restored, or re-prefilled when their KV was lost), requests
+        paused now, and the spill store ("store": spills, bytes and budgets per tier)."""
+        return dict(self.prefix_cache.info(), preemption=self._preemption.info())
+
+    def clear_cache(self) -> None:
+        """Drop every cached prompt prefix (those a running request holds stay until it is done)."""
+        self.prefix_cache.clear()
+
+    # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
+    def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+            tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
+            top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
+            config: SpecConfig | None = None, timeout: float | None = None,
+            cache_salt: str | None = None, tool_choice: Any = None) -> Result:
+        """Generate once (plus validation retries) and return the value with its text, tokens and stats.
+        Safe from any number of threads: concurrent calls share the engine's batches. `timeout` (seconds, queue
+        and decoding and retries together) cancels the request and raises RequestTimeoutError. `cache_salt` keeps
+        this call's cached prompt prefix apart from calls with another salt (per tenant). `tools` (OpenAI tool
+        dicts) without an output type: the reply is a ToolReply whose calls the grammar checked (tool_replies)."""
+        cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                           seed=seed, stop=stop, cache_salt=cache_salt)
+        plan, until = self._attempts(prompt, output_type, system, tools, cfg, tool_choice), deadline(timeout)
+        job = next(plan)
+        while True:
+            req = self.scheduler.submit(*job)
+            try:
+                row = req.result(until)
+            finally:
+                req.cancel()  # a no-op once finished; frees the slot if this thread was interrupted
+            try:
+                job = plan.send(row)
+            except StopIteration as done:
+                return done.value
+
+    def _attempts(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
+                  cfg: SpecConfig, tool_choice: Any = None
+                  ) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
+        """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
+        finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
+        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
+        constraint = self._compile(spec)
+        messages = self._messages(prompt, spec, system)
+        attempts: list[dict[str, Any]] = []
+        for _ in range(cfg.max_retries + 1):
+            fork = constraint.fork()
+            row = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
+            text = final_text(self, row, spec, fork, cfg)
+            result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
+                            finish_reason=row.finish_reason)
+            try:
+                result.value = spec.parse(result.text, row.token_ids)
+            except RETRYABLE as err:
+                if result.finish_reason == "length" and spec.spec.mode == "code":  # cut: the budget won't help
+                    raise IncompleteOutputError(
+                        f"max_new_tokens={cfg.max_new_tokens} ran out and the output does not parse ({err}); "
+                        "raise max_new_tokens", result.text, result.token_ids, result.stats) from err
+                attempts.append({"text": result.text, "error": str(err), "stats": result.stats})
+                if isinstance(messages, RawPrompt):
+                    break  # no conversation to feed the error back into
+                messages = messages + [  # a retry is a new request, queued like any other
+                    {"role": "assistant", "content": result.text},
+                    {"role": "user", "content": f"That answer failed validation:\n{err}\nAnswer again, fixing it."},
+                ]
+                continue
+            result.attempts = attempts
+            return result
+        raise ValidationRetryError(
+            f"the output failed validation {len(attempts)} times (max_retries={cfg.max_retries}"
+            f"{'; a RawPrompt is not retried' if isinstance(messages, RawPrompt) else ''}); "
+            f"last error: {attempts[-1]['error']}", attempts)
+
+    @overload
+    def generate(self, prompt: Prompt, output_type: None = None, *, tools: Sequence[dict], **kwargs: Any
+                 ) -> ToolReply: ...
+
+    @overload
+    def generate(self, prompt: Prompt, output_type: None = None, **kwargs: Any) -> str: ...
+
+    @overload
+    def generate(self, prompt: Prompt, output_type: type[T], **kwargs: Any) -> T: ...
+    def generate(self, prompt: Prompt, output_type: Any = None, **kwargs: Any) -> Any:
+        """The validated value: an instance of a Pydantic model, a dict for a JSON schema, a str for free text, a
+        ToolReply with `tools=` and no output type."""
+        return self.run(prompt, output_type, **kwargs).value
+
+    def generate_many(self, prompts: Sequence[Prompt], output_type: Any = None, *, progress: bool = True,
+                      return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """`generate` over many prompts at once (batched), in input order, with a progress bar for long lists.
+        return_exceptions=True puts each failure in its place instead of raising the first one."""
+        from specstruct.api.many import generate_many
+
+        return generate_many(self, prompts, output_type, progress=progress, return_exceptions=return_exceptions,
+                             **kwargs)
+
+    def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+               tools: list[dict] | None = None, config: SpecConfig | None = None, timeout: float | None = None,
+               tool_choice: Any = None, **overrides: Any) -> Iterator[Chunk]:
+        """Yield text as it is accepted (several tokens at once when drafts are accepted). JSON modes also carry the
+        partial object. The last chunk carries the validated Result; a stream is validated once, without retries.
+        A stream is a request like any other: reading it slowly never blocks other calls, and closing (or
+        dropping) it cancels the request."""
+        until = deadline(timeout)  # compiling counts, as in run()
+        chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides),
+                                       tool_choice)
+        req = self.scheduler.submit(*job)
+        try:
+            for new in req.tokens(until):
+                if (chunk := chunks.push(new)) is not None:
+                    yield chunk
+        finally:
+            req.cancel()
+        yield chunks.final(req.row)
+
+    def _stream_job(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
+                    cfg: SpecConfig, tool_choice: Any = None
+                    ) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
+        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
+        constraint = self._compile(spec).fork()
+        ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
+        return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)
+
+    # -- lifetime ---------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the scheduler thread (also at the end of a `with` block, when the engine is garbage-collected,
+        and at interpreter exit). Waiting and running requests fail with EngineClosedError."""
+        self._finalizer()
+
+    def __enter__(self) -> "SpecStruct":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,156 @@
+"""Lark grammars through llguidance: an LLMatcher is the state, `deep_copy` forks it, `rollback` undoes.
+
+llguidance owns the parser state; we only keep track of the EOS tokens we let through ourselves
+(any of the model's EOS ids is legal exactly where the matcher is accepting), so rollback knows how
+many real tokens to hand back to the matcher.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specstruct.constraints.base import output_text
+from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
+from specstruct.errors import ConstraintError
+
+_LLTOKENIZERS: dict[tuple, object] = {}
+_LOCK = threading.Lock()
+
+
+def _lltokenizer(tokenizer, table, vocab_size: int):
+    key = (table.key, vocab_size)
+    with _LOCK:
+        if key not in _LLTOKENIZERS:
+            import llguidance.hf
+
+            try:
+                _LLTOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=max(vocab_size, table.n_real))
+            except ValueError as e:
+                raise ConstraintError(f"grammars need a fast (Rust) Hugging Face tokenizer: {e}") from e
+        return _LLTOKENIZERS[key]
+
+
+def _special_ids(tokenizer, vocab_size: int, lark: str = "") -> np.ndarray:
+    """The special ids no mask lets through: all of them, except those the grammar names as tokens (`<tool_call>`
+    or `<[151657]>`), which llguidance allows only where the grammar puts them."""
+    from specstruct.constraints.outlines.token_table import token_table
+
+    special = token_table(tokenizer).eos_like
+    named = {int(i) for i in special if f"<[{int(i)}]>" in lark
+             or _named(tokenizer.convert_ids_to_tokens(int(i)), lark)}
+    return np.array([i for i in special if i < vocab_size and int(i) not in named], dtype=special.dtype)
+
+
+def _named(token: Any, lark: str) -> bool:
+    return isinstance(token, str) and token.startswith("<") and token.endswith(">") and token in lark
+
+
+def _limit_error(error: str) -> ConstraintError:
+    """llguidance stopped while generating: name the limit that raises it, or say it is a dead end."""
+    error = " ".join(error.replace("<non-verbose/>", "").split())[:300]
+    hit = llguidance_limit(error)
+    if hit is None:  # e.g. NoExtensionBias: the grammar let the output reach a state nothing can follow
+        return ConstraintError(f"the constraint failed while generating: {error}. The output reached a state of the "
+                               "schema or grammar that no token can extend (a dead end); simplify it (for example "
+                               "fewer interacting minProperties/required/dependencies rules).")
+    return ConstraintError(
+        f"the constraint failed while generating: {error}. The schema or grammar is too complex for {hit[0]}: "
+        f"simplify it (simpler patterns, fewer optional properties or alternatives); it hit the "
+        f"{limits().describe(hit[1])}.")
+
+
+class GrammarConstraint:
+    """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
+
+    def __init__(self, matcher, tokenizer, vocab_size: int, eos_ids: Sequence[int], mode: str,
+                 stack: list[bool] | None = None, special: np.ndarray | None = None):
+        self._m, self._tokenizer, self.vocab_size, self.mode = matcher, tokenizer, vocab_size, mode
+        self._eos = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
+        self._stack = stack if stack is not None else []  # True: an EOS we accepted; False: a real token
+        self._special = _special_ids(tokenizer, vocab_size) if special is None else special
+
+    @classmethod
+    def compile(cls, lark: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
+        from llguidance import LLMatcher
+
+        lltok = _lltokenizer(tokenizer, table, vocab_size)
+        try:
+            grammar = LLMatcher.grammar_from_lark(lark)
+        except (ValueError, RuntimeError) as e:
+            raise ConstraintError(f"invalid Lark grammar: {e}") from e
+        error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
+        if error:
+            raise ConstraintError(f"invalid Lark grammar: {error.strip()}\nFix the rule named above (llguidance "
+                                  "Lark syntax, see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).")
+        matcher = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
+        if matcher.is_error():
+            raise ConstraintError(f"invalid Lark grammar: {matcher.get_error()}")
+        return cls(matcher, tokenizer, vocab_size, eos_ids, mode, special=_special_ids(tokenizer, vocab_size, lark))
+
+    def _done(self) -> bool:
+        return bool(self._stack) and self._stack[-1]
+
+    def mask(self) -> torch.Tensor:
+        if not self._done() and self._m.is_error():  # stopped by a limit or a dead end: never a silent "stop"
+            raise _limit_error(self._m.get_error())
+        if self._done() or self._m.is_stopped():
+            bits = np.zeros(self.vocab_size, dtype=np.bool_)
+        else:
+            packed = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+            if self._m.is_error():  # a parser limit hit mid-output: fail loudly, never unconstrained
+                raise _limit_error(self._m.get_error())
+            bits = np.unpackbits(packed, count=min(len(packed) * 8, self.vocab_size), bitorder="little")
+            if len(bits) < self.vocab_size:
+                bits = np.concatenate([bits, np.zeros(self.vocab_size - len(bits), dtype=np.uint8)])
+            bits = bits.view(np.bool_)
+            bits[self._special] = False  # llguidance may allow its own EOS: only ours, only when final
+        bits[self._eos] = self.is_final()
+        return torch.from_numpy(bits)
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for t in (int(t) for t in tokens):
+            if t in self._eos:
+                if not self.is_final():
+                    break
+                self._stack.append(True)
+            elif self._done() or not (0 <= t < self.vocab_size) or self._m.validate_tokens([t]) != 1:
+                break
+            else:
+                self._m.consume_token(t)
+                self._stack.append(False)
+            n += 1
+        return n
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > len(self._stack):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._stack)} were consumed")
+        if n:
+            real = sum(1 for eos in self._stack[-n:] if not eos)
+            del self._stack[-n:]
+            if real and not self._m.rollback(real):
+                raise RuntimeError(f"llguidance could not roll back {real} tokens: {self._m.get_error()}")
+
+    def forced_text(self) -> str:
+        if self._done():
+            return ""
+        data = bytes(self._m.compute_ff_bytes())
+        import codecs
+
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
+
+    def is_final(self) -> bool:
+        return self._done() or self._m.is_accepting()
+
+    def fork(self) -> "GrammarConstraint":
+        return GrammarConstraint(self._m.deep_copy(), self._tokenizer, self.vocab_size, self._eos, self.mode,
+                                 list(self._stack), self._special)
+
+    def accepts(self, text: str) -> bool:
+        ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)
+        probe = self.fork()
+        return probe.advance(ids) == len(ids) and probe.is_final()

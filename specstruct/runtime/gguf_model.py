@@ -1,0 +1,295 @@
+"""A transformers model whose Linear and embedding weights stay in their GGUF block formats.
+
+The model is transformers' own class, built from the config with its parameters on the meta device (no float32
+copy is ever allocated). Each GGUF tensor is matched to its parameter by gguf-py's tensor name map for the
+architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become runtime.quantized's QuantLinear /
+QuantEmbedding on the file's blocks, everything else (norms, biases, float tensors) is de-quantized and passed
+through the architecture's transformers tensor processor as transformers' GGUF loader does. A processor that
+reorders rows (llama's q/k permutation) is applied to the blocks as the same reordering of output rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specstruct.runtime.quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tensor:
+    name: str
+    kind: str           # the GGML type name: "Q4_K", "F32"
+    shape: tuple        # rows first (numpy order)
+    data: np.ndarray    # raw bytes [rows, bytes per row], a view of the mapped file
+
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+            12: "<f8"}
+
+
+def read_tensors(path: Path) -> list[Tensor]:
+    """The tensors of a GGUF file (v2/v3) as views of the mapped file. The metadata is skipped, not decoded: gguf's
+    GGUFReader decodes every field (a 151k-token vocabulary) and took 16 of a 1.5B model's 36 s load."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    at = 0
+
+    def take(dtype: str, count: int = 1):
+        nonlocal at
+        size = np.dtype(dtype).itemsize * count
+        out = mm[at : at + size].view(dtype)
+        at += size
+        return out
+
+    def string() -> str:
+        n = int(take("<u8")[0])
+        return bytes(take("u1", n)).decode("utf-8", "replace")
+
+    def skip(kind: int) -> None:
+        nonlocal at
+        if kind == 8:  # a string: its length, then its bytes
+            length = int(take("<u8")[0])
+            at += length
+        elif kind == 9:
+            inner, count = int(take("<u4")[0]), int(take("<u8")[0])
+            if inner in _SCALARS:
+                at += np.dtype(_SCALARS[inner]).itemsize * count
+            else:
+                for _ in range(count):
+                    skip(inner)
+        else:
+            at += np.dtype(_SCALARS[kind]).itemsize
+
+    if bytes(mm[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    at = 4
+    version = int(take("<u4")[0])
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = int(take("<u8")[0]), int(take("<u8")[0])
+    alignment = 32
+    for _ in range(n_kv):
+        key, kind = string(), int(take("<u4")[0])
+        if key == "general.alignment" and kind == 4:
+            alignment = int(take("<u4")[0])
+        else:
+            skip(kind)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [int(d) for d in take("<u8", int(take("<u4")[0]))]
+        infos.append((name, dims, int(take("<u4")[0]), int(take("<u8")[0])))
+    start = -(-at // alignment) * alignment
+    tensors = []
+    for name, dims, kind, offset in infos:
+        qtype = GGMLQuantizationType(kind)
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        row_bytes = dims[0] // block * size
+        data = mm[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), data))
+    return tensors
+
+
+def gguf_config(path: Path):
+    """The transformers config stored in a GGUF file's metadata."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _processor(config):
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    arch = _ARCH_NAMES.get(config.model_type, config.model_type)  # transformers keys them by gguf-py's names
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+
+
+def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | None:
+    """The output-row order the processor gives tensor `name` (None: unchanged). Refuses any other change."""
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+
+    if type(processor).process is TensorProcessor.process:
+        return None
+    probe = np.arange(rows, dtype=np.float64)[:, None]
+    out = processor.process(weights=probe.copy(), name=name, tensor_key_mapping=mapping,
+                            parsed_parameters={"config": processor.config, "tensors": {}}).weights
+    out = np.asarray(out)
+    if out.shape == probe.shape and np.array_equal(out, probe):
+        return None
+    if out.shape == probe.shape and np.array_equal(np.sort(out[:, 0]), probe[:, 0]):
+        return out[:, 0].astype(np.int64)
+    raise NotImplementedError(f"{type(processor).__name__} changes {name} beyond reordering its rows")
+
+
+def _set(model: torch.nn.Module, dotted: str, value) -> None:
+    parent_name, _, attr = dotted.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if isinstance(value, torch.nn.Module):
+        setattr(parent, attr, value)
+    else:
+        parent._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+# transformers' model types whose gguf-py architecture name differs (as transformers' own GGUF loader maps them)
+_ARCH_NAMES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
+               "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
+
+
+def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, by gguf-py's tensor name map for its architecture."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    cfg = model.config
+    wanted = _ARCH_NAMES.get(cfg.model_type, cfg.model_type)
+    arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == wanted), None)
+    if arch is None:
+        raise NotImplementedError(f"gguf-py has no architecture {wanted!r}; load this model with weights='float32'")
+    names = get_tensor_name_map(arch, cfg.num_hidden_layers)
+    mapping = {}
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        if gguf_name is not None:
+            mapping.setdefault(f"{gguf_name}.{suffix}", hf_name)
+    return mapping
+
+
+def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Module:
+    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept.
+    A Linear weight in a type the kernel does not compute (Q5_K, Q3_K, IQ*) is widened to float32 with a warning,
+    or refused with `strict`."""
+    from accelerate import init_empty_weights
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from transformers import AutoModelForCausalLM
+
+    config = config if config is not None else gguf_config(path)
+    tensors = read_tensors(path)
+    names = {t.name for t in tensors}
+    if "output.weight" in names and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False  # the file ships its own LM head: use it, as llama.cpp does
+    config.dtype = torch.float32
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary frequencies) real
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = _processor(config)
+    mapping = _gguf_names(model)
+    modules = dict(model.named_modules())
+    quantized: dict[str, Tensor] = {}
+    widened: dict[str, int] = {}
+    for tensor in tensors:
+        hf = mapping.get(tensor.name)
+        if hf is None:
+            continue
+        owner, _, attr = hf.rpartition(".")
+        module = modules.get(owner)
+        if attr == "weight" and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            if tuple(module.weight.shape) != tuple(tensor.shape):
+                raise ValueError(f"{path.name}: {tensor.name} is {list(tensor.shape)}, the model's {hf} is "
+                                 f"{list(module.weight.shape)}: the file and the config disagree")
+            if tensor.kind in DECODERS:
+                quantized[owner] = tensor
+                continue
+            if tensor.kind not in ("F32", "F16", "BF16"):
+                widened[tensor.kind] = widened.get(tensor.kind, 0) + 1
+                if strict:
+                    raise ValueError(f"{path.name}: {tensor.name} is {tensor.kind}, which the block-quantized kernel "
+                                     f"does not compute ({', '.join(DECODERS)} are); load it with weights='float32'")
+        weights = dequantize(tensor.data, GGMLQuantizationType[tensor.kind]).reshape(tensor.shape)
+        weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
+                                    parsed_parameters={"config": processor.config, "tensors": {}}).weights
+        _set(model, hf, torch.from_numpy(np.array(weights, dtype=np.float32)))
+    for owner, tensor in quantized.items():
+        module = modules[owner]
+        rows, cols = tensor.shape
+        data = tensor.data
+        order = _row_order(processor, tensor.name, rows, mapping)
+        if order is not None:
+            data = data[order]
+        weight = from_gguf_blocks(tensor.kind, data, rows, cols)
+        if isinstance(module, torch.nn.Embedding):
+            _set(model, owner, QuantEmbedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
+        else:
+            if module.bias is not None and module.bias.device.type == "meta":
+                raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
+            _set(model, owner, QuantLinear(weight, module.bias))
+    if widened:
+        log.warning("specstruct: %s: %s weights widened to float32 (the block-quantized kernel computes %s)",
+                    path.name, ", ".join(f"{n} {k}" for k, n in widened.items()), ", ".join(DECODERS))
+    head = model.get_output_embeddings()
+    if "output.weight" not in names and head is not None and not isinstance(head, QuantLinear):
+        embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
+        if isinstance(embedding, QuantEmbedding):
+            _set(model, _name_of(model, head), QuantLinear(embedding.qweight))
+        else:
+            head.weight = embedding.weight
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise ValueError(f"{path.name} has no tensor for {', '.join(missing[:5])}"
+                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return model.eval()
+
+
+def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if m is module)
+
+
+WEIGHTS = ("auto", "gguf", "q8_0", "float32")
+
+
+def quantize_linears(model: torch.nn.Module, name: str = "q8_0") -> torch.nn.Module:
+    """Replace every float nn.Linear by a QuantLinear of its weights rounded to `name` (in place)."""
+    from specstruct.runtime.quantized import quantize_float
+
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, child_name, QuantLinear(quantize_float(child.weight, name), child.bias))
+    return model
+
+
+def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtype=None):
+    """`(model, tokenizer)` with the weights asked for:
+
+    - "auto": a GGUF file (or a pulled registry model) keeps its quantized blocks on the CPU; anything else loads
+      as it ships (float32 by default)
+    - "gguf": the quantized blocks, or an error where the source has no GGUF file
+    - "q8_0": float weights rounded to Q8_0 blocks on load (a hub or folder model in a quarter of the memory)
+    - "float32": every weight de-quantized to float32 (the float32 runtime)"""
+    from specstruct.errors import ModelNotFoundError
+    from specstruct.models.loading import gguf_file, load, load_tokenizer, resolve
+
+    from specstruct.runtime.quantized import why_not
+
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
+    source = resolve(name_or_path)
+    path = gguf_file(source)
+    if weights == "auto" and path is not None and why_not():
+        log.warning("specstruct: %s; loading %s in float32", why_not(), name_or_path)
+        weights = "float32"
+    if weights in ("auto", "gguf") and path is not None and str(device) == "cpu":
+        config = None
+        if isinstance(source, Path) and source.is_dir() and (source / "config.json").is_file():
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(source))
+        tokenizer = load_tokenizer(name_or_path)
+        return load_quantized(path, config, strict=weights == "gguf"), tokenizer
+    if weights == "gguf":
+        raise ModelNotFoundError(f"weights='gguf' needs a GGUF file on the CPU; {name_or_path!r} has none"
+                                 + ("" if str(device) == "cpu" else f" (device {device})")
+                                 + ". Fix: point at a .gguf file, or `specstruct pull --force NAME` for a registry "
+                                   "model pulled before pulls kept the GGUF file")
+    model, tokenizer = load(name_or_path, device=device, dtype=dtype)
+    if weights == "q8_0":
+        quantize_linears(model, "q8_0")
+    return model, tokenizer

@@ -1,0 +1,241 @@
+"""A causal LM and its KV cache: prefill, extend by k tokens, crop.
+
+On CPU in float32 the model is switched to *row-invariant* numerics, which is what makes speculative
+decoding both fast and lossless there:
+
+- Linear layers run through specstruct's fixed-order kernel (fixed_linear.py, csrc/fixed_linear.cpp): every
+  output is summed in an order fixed by the input size alone, so a row's result is bitwise the same whether it
+  is computed alone or among any other rows, while stock `F.linear` changes a row's last bits with the batch
+  size. Its weights are packed once into its panels, on huge pages, replacing the plain ones (no second copy).
+  On Qwen2.5-Coder-1.5B it costs about what stock transformers' one-token step does and verifies 8 tokens for
+  1.2x one (stock: 2.8x; `python -m benchmarks.forward_cost`, table in docs/benchmarks.md).
+- Where that kernel cannot be built (no C++ compiler), or with SPECSTRUCT_LINEAR=onednn, oneDNN computes them
+  instead (`torch.ops.mkldnn._linear_pointwise`, linear.py): row-invariant from two rows up, so a lone row is
+  padded with a copy of itself, on weights prepacked into oneDNN's layout; ~1.3x stock's one-token step.
+  Weights tied to the embeddings stay plain (and go through oneDNN). restore_stock unpacks; deepcopy,
+  state_dict / save_pretrained and load_state_dict work on a packed model (linear.PackedWeight).
+- Attention (packed.py) is computed row by row over exactly the keys each row may see, per sequence, so a
+  token's logits never depend on which other tokens -- of its own sequence or of other sequences packed into the
+  same pass -- share the pass, nor on how a prompt is chunked (in C++, csrc/row_attention.cpp, where it builds).
+
+Together these make greedy speculative output token-for-token equal to greedy one-token-at-a-time decoding, for
+architectures the row-wise attention computes exactly (`row_invariant_support`); others keep stock numerics.
+Batched rows then decode exactly as they would alone. Where the row-wise attention is not exact (see
+`row_invariant_support`) sequences are not packed: `forward` runs them one by one with the model's own attention.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import types
+from typing import Sequence
+
+import torch
+
+from specstruct.models.loading import output_rows
+from specstruct.runtime.kv.prefill import cached_prefill
+from specstruct.runtime import fixed_linear, quantized
+from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
+from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
+from specstruct.runtime.packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
+
+
+def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
+    """(True, "") when the row-wise attention above computes exactly what the model's own attention does:
+    plain causal attention over every cached key, routed through transformers' AttentionInterface. Otherwise
+    (False, the reason): sliding windows, attention-logit soft-capping, attention sinks and chunked attention
+    would all be computed wrongly, silently. tests/unit/runtime/test_row_invariant_support.py checks each."""
+    cfg = model.config
+    if not getattr(model, "_supports_attention_backend", False):
+        return False, f"{type(model).__name__} does not route attention through transformers' AttentionInterface"
+    if getattr(cfg, "attn_logit_softcapping", None):
+        return False, "attention-logit soft-capping is in use"
+    if getattr(cfg, "attention_chunk_size", None):
+        return False, "chunked attention is in use"
+    layer_types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if layer_types is not None:
+        sliding = any("sliding" in str(t) or "chunk" in str(t) for t in layer_types)
+    else:
+        sliding = getattr(cfg, "use_sliding_window", None) is not False and bool(window) and \
+            window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
+    if sliding:
+        return False, f"a sliding window ({window} tokens) is in use"
+    for name, mod in model.named_modules():
+        if isinstance(getattr(mod, "sinks", None), torch.Tensor):
+            return False, f"attention sinks are in use ({name})"
+        if getattr(mod, "is_causal", True) is False:
+            return False, f"non-causal attention in {name}"
+    return True, ""
+
+
+def row_invariant_available(model: torch.nn.Module) -> bool:
+    p = next(model.parameters())
+    return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def make_row_invariant(model: torch.nn.Module) -> str:
+    """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
+    if getattr(model, "_specstruct_numerics", None):
+        return model._specstruct_numerics
+    blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
+    supported, reason = row_invariant_support(model)
+    if not row_invariant_available(model) or not supported:
+        p = next(model.parameters())
+        desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
+        if blocks:  # the attention is the model's own
+            desc = f"{blocks} weights (block-quantized linear, {quantized.simd()}); {desc}"
+        model._specstruct_numerics = desc
+        return desc
+    fixed = fixed_linear.kernel() is not None
+    forward = fixed_linear.fixed_linear_forward if fixed else onednn_linear_forward
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.forward = types.MethodType(forward, mod)
+    weights = fixed_linear.pack_panels(model) if fixed else pack_linears(model)
+    if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
+        own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
+    attention = {"cpp": "C++", "torch": "torch ops"}[use_packed_attention(model)]
+    linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
+    if blocks:  # weights as they ship: the block-quantized kernel, int8 activations per group
+        others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
+        model._specstruct_numerics = (f"{blocks} weights, row-invariant (block-quantized linear, {quantized.simd()}, "
+                                      f"int8 activations per group{others}; row-wise attention in {attention})")
+        return model._specstruct_numerics
+    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
+    return model._specstruct_numerics
+
+
+def restore_stock(model: torch.nn.Module) -> None:
+    """Undo make_row_invariant (for baselines that must run the stock transformers numerics): plain weights
+    (bitwise the originals), stock Linear forwards, the model's sdpa attention."""
+    unpack_linears(model)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
+            del mod.forward
+    for sub in model.modules():
+        cfg = getattr(sub, "config", None)
+        if getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
+            cfg._attn_implementation = "sdpa"
+    model.__dict__.pop("_specstruct_numerics", None)
+    model.__dict__.pop("_specstruct_attention", None)
+
+
+def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Module:
+    """An int8 copy of a CPU draft model: weight-only int8 on the fixed-order kernel where it is built
+    (draft_int8.py), else (or with `torchao`) torch.ao's dynamic int8; each about 3x cheaper per step here.
+
+    Safe for losslessness because the target verifies every token: the draft's numerics only change how often
+    its proposals are accepted, never what is output. (Not for targets: its per-tensor activation scale makes a
+    row's result depend on its neighbours.)"""
+    import warnings
+
+    q = copy.deepcopy(model)
+    if next(q.parameters()).dtype != torch.float32:  # torch.ao's dynamic int8 kernels take float32 activations
+        q = q.float()
+    ranges = file_ranges()
+    for t in (*model.parameters(), *model.buffers()):  # the copy read `model`'s file pages: reclaim them now
+        page_out(t, ranges)
+    if not torchao and fixed_linear.kernel() is not None:  # weight-only int8 on specstruct's kernel
+        from specstruct.runtime.draft_int8 import quantize
+
+        quantize(q)
+        return q
+    unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
+        q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
+    q._specstruct_rows_coupled = True  # a row's result depends on the other rows of its call
+    return q
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name under which `model.forward` takes its KV cache: `cache` from transformers 5.2x, `past_key_values`
+    before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+PREFILL_CHUNK = 32  # single-sequence prefill chunk (results do not depend on it: row-wise attention)
+
+
+class ModelRuntime:
+    """A transformers causal LM with per-sequence KV caches: packed ragged passes over many sequences
+    (packed.py), plus one default sequence for the single-sequence calls prefill / extend / crop."""
+
+    def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
+        self.model = model.eval()
+        self.numerics = make_row_invariant(model) if row_invariant else "stock"
+        self.packed = row_invariant_support(model)[0]  # the packed attention is exact for this architecture
+        if self.packed:
+            use_packed_attention(model)  # packing needs the segment-aware attention whatever the linear kernel
+        self.device = next(model.parameters()).device
+        self.vocab_size = output_rows(model)
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
+        # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
+        self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
+        self.seq: KVSequence | None = None
+        # runtime/kv: a prefix cache (set by the API) reused where prefill results do not depend on where a
+        # cached prefix ends: row-invariant numerics (linears) and the packed row-wise attention
+        self.prefix_cache, self.cache_key, self.cached_tokens = None, (id(model), self.numerics), 0
+        self.reuses_prefixes = self.row_invariant and self.packed
+        self.prefill_chunk = PREFILL_CHUNK
+        self._cache_arg = cache_kwarg(model)
+
+    # -- many sequences -------------------------------------------------------------------------------------
+    def sequence(self, layers: list | None = None, length: int = 0) -> KVSequence:
+        """A new sequence (its own KV cache) for `forward`: empty, or holding a copy of `layers`."""
+        return KVSequence(self.model.config, layers, length)
+
+    def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int]) -> list[torch.Tensor]:
+        """One packed pass over every (sequence, new tokens); logits of each segment's last keep[i] tokens."""
+        if self.packed:
+            return forward_packed(self.model, segments, keep)
+        return [self._forward_one(seq, ids, want) for (seq, ids), want in zip(segments, keep)]
+
+    @torch.inference_mode()
+    def _forward_one(self, seq: KVSequence, ids: Sequence[int], want: int) -> torch.Tensor:
+        """The model's own attention over one sequence (architectures the packed attention does not cover)."""
+        n = len(ids)
+        out = self.model(input_ids=torch.tensor([list(ids)], device=self.device),
+                         position_ids=torch.arange(seq.length, seq.length + n, device=self.device).unsqueeze(0),
+                         use_cache=True, logits_to_keep=max(want, 1), **{self._cache_arg: seq.cache})
+        seq.length += n
+        return out.logits[0, out.logits.shape[1] - want :].float()
+
+    # -- one default sequence -------------------------------------------------------------------------------
+    @property
+    def cache(self):
+        return None if self.seq is None else self.seq.cache
+
+    @property
+    def length(self) -> int:
+        return 0 if self.seq is None else self.seq.length
+
+    def prefill(self, ids: Sequence[int], *, cache_salt: str | None = None, reuse: bool = True) -> torch.Tensor:
+        """Start a new sequence, reusing the longest cached prefix of `ids` where that is exact (kv/prefill.py);
+        returns the logits after the last prompt token, shape [vocab]. `cached_tokens` says how many were reused."""
+        cache = self.prefix_cache if reuse and self.reuses_prefixes else None
+        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
+                                                    chunk=self.prefill_chunk)
+        return logits
+
+    def start(self, layers: list, length: int) -> None:
+        """Begin the default sequence holding `layers` (copied) of `length` positions."""
+        self.seq = self.sequence(layers, length)
+
+    def kv_layers(self) -> list:
+        """The default sequence's KV as views (KVSequence.views): copy what you keep."""
+        return self.seq.views()
+
+    def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append tokens; returns their logits, shape [len(ids), vocab] (float32); [1, vocab] with `last_only`."""
+        if self.seq is None:
+            raise RuntimeError("call prefill() before extend()")
+        return self.forward([(self.seq, ids)], [1 if last_only else len(ids)])[0]
+
+    def crop(self, length: int) -> None:
+        """Forget cached positions from `length` on."""
+        self.seq.crop(length)

@@ -1,0 +1,298 @@
+"""Block-quantized weights as they ship (GGUF Q4_K, Q6_K, Q8_0, Q5_0, Q4_0), computed without widening them.
+
+A GGUF tensor's blocks are decoded once into unsigned integers per weight plus, per group of G inputs of one
+output (the format's own sub-block: 32, or 16 for Q6_K), a float32 scale and either a zero point of the whole
+tensor or a float32 min -- the format's values exactly, so `dequantize()` gives the `gguf` package's own
+de-quantization -- and packed into the panels of csrc/blockq_linear.cpp. That kernel quantizes each input row on
+its own to int8 per group and sums every output in an order fixed by the input size alone: a row's result is
+bitwise independent of the other rows of the pass, as the float32 kernel's is (fixed_linear.py), so speculative
+verification, batching and the prefix cache stay exact.
+
+`QuantLinear` replaces an nn.Linear, `QuantEmbedding` an nn.Embedding (it de-quantizes only the rows looked up);
+the rest of the model stays transformers' own. `quantize_float` makes the same layout from float weights
+(`weights="q8_0"` for a model that ships in float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specstruct.runtime import native
+
+_KERNEL = native.Kernel("specstruct_blockq_linear", Path(__file__).parent / "csrc" / "blockq_linear.cpp",
+                        "the block-quantized Linear kernel", "quantized weights cannot be computed")
+PANEL = 16  # outputs per panel (the kernel's panel_outputs)
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class Format:
+    """How a tensor's weights are held: w = scale * (u - zero), or w = scale * u - min where zero is -1."""
+
+    name: str   # the GGUF type it came from ("Q4_K"), or "q8_0" for float weights quantized on load
+    group: int  # inputs per scale
+    bits: int   # 4, 5, 6 or 8 per weight
+    zero: int   # the zero point, or -1: a min per group
+    gps: int = 1  # groups per super-block: >1, a group's scale is a float32 per super-block times an int8 per group
+
+
+def kernel():
+    """The built extension; raises with the reason where it cannot be built (quantized weights need it)."""
+    ext = _KERNEL.load()
+    if ext is None:
+        raise RuntimeError(f"{_KERNEL.error}; load the model with weights='float32' instead")
+    return ext
+
+
+def why_not() -> str | None:
+    """Why the kernel cannot be built here (None: it is built)."""
+    return None if _KERNEL.load() is not None else _KERNEL.error
+
+
+def simd() -> str:
+    """The instruction set the kernel was built for ("avx512-vnni" or "scalar")."""
+    return kernel().simd
+
+
+# ---------------------------------------------------------------- decoding GGUF blocks (numpy, exact)
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+# Each decoder: blocks [n, bytes] -> (u [n, weights per block] uint8, scale [n, super-blocks], sub-scale [n, groups]
+# int8 or None, min, sub-min): the group scale is scale * sub-scale (or scale where there is no sub-scale).
+def _q8_0(blocks: np.ndarray):
+    d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
+    return qs ^ np.uint8(0x80), d, None, None, None  # int8 q + 128 as unsigned
+
+
+def _q4_0(blocks: np.ndarray):
+    d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
+    u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
+    return u, d, None, None, None
+
+
+def _q5_0(blocks: np.ndarray):
+    d = _f16(blocks[:, :2])
+    qh = np.ascontiguousarray(blocks[:, 2:6]).view(np.uint32)
+    qs = blocks[:, 6:]
+    high = ((qh >> np.arange(32, dtype=np.uint32)[None, :]) & np.uint32(1)).astype(np.uint8)
+    low = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
+    return low | (high << np.uint8(4)), d, None, None, None
+
+
+def _q4_k(blocks: np.ndarray):
+    from gguf.quants import Q4_K
+
+    n = blocks.shape[0]
+    d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])  # 6-bit integers per group of 32
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (qs & np.uint8(0x0F)).reshape(n, QK_K), d, sc.view(np.int8), dmin, m.view(np.int8)
+
+
+def _q6_k(blocks: np.ndarray):
+    n = blocks.shape[0]
+    ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], _f16(blocks[:, 208:210])
+    low = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
+    high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    u = low.reshape(n, QK_K) | (high.reshape(n, QK_K) << np.uint8(4))
+    return u, d, np.ascontiguousarray(sc).view(np.int8), None, None
+
+
+# type name -> (decoder, Format, weights per block, bytes per block)
+DECODERS = {
+    "Q8_0": (_q8_0, Format("Q8_0", 32, 8, 128), 32, 34),
+    "Q4_0": (_q4_0, Format("Q4_0", 32, 4, 8), 32, 18),
+    "Q5_0": (_q5_0, Format("Q5_0", 32, 5, 16), 32, 22),
+    "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1, gps=8), QK_K, 144),
+    "Q6_K": (_q6_k, Format("Q6_K", 16, 6, 32, gps=16), QK_K, 210),
+}
+
+
+# ---------------------------------------------------------------- packing
+
+class QuantWeight:
+    """A [out, in] weight in the kernel's panels: `packed` [P, groups, bytes]; `scales` (and `mins`) [P, super-blocks,
+    16] float16 (every format ships its scales in fp16); for K-quants `subscales` (and `submins`) [P, groups, 16] int8."""
+
+    def __init__(self, fmt: Format, out_features: int, in_features: int):
+        if in_features % (fmt.group * fmt.gps):
+            raise ValueError(f"{fmt.name}: {in_features} inputs are not a multiple of the group size "
+                             f"{fmt.group * fmt.gps}")
+        self.fmt, self.out_features, self.in_features = fmt, out_features, in_features
+        panels, groups = -(-out_features // PANEL), in_features // fmt.group
+        self.packed = torch.zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), dtype=torch.uint8)
+        self.scales = torch.zeros((panels, groups // fmt.gps, PANEL), dtype=torch.float16)  # the file's own fp16
+        self.mins = torch.zeros_like(self.scales) if fmt.zero < 0 else None
+        sub = fmt.gps > 1
+        self.subscales = torch.zeros((panels, groups, PANEL), dtype=torch.int8) if sub else None
+        self.submins = torch.zeros_like(self.subscales) if sub and fmt.zero < 0 else None
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"packed": self.packed, "scales": self.scales, "mins": self.mins, "subscales": self.subscales,
+                "submins": self.submins}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values() if t is not None)
+
+    def fill(self, row0: int, u: np.ndarray, scale: np.ndarray, sub: np.ndarray | None, mins: np.ndarray | None,
+             submins: np.ndarray | None) -> None:
+        """Rows [row0, row0 + len(u)) (row0 a multiple of 16): u [rows, in] uint8; scale/mins [rows, super-blocks];
+        sub/submins [rows, groups] int8 (K-quants)."""
+        fmt, rows = self.fmt, u.shape[0]
+        panels, groups = -(-rows // PANEL), self.in_features // fmt.group
+        pad = panels * PANEL - rows
+        p0 = row0 // PANEL
+
+        def panelled(a: np.ndarray, dtype, fill=0) -> torch.Tensor:  # [rows, n] -> [P, n, 16]
+            t = torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+            if pad:
+                t = torch.cat([t, t.new_full((pad, t.shape[1]), fill)])
+            return t.view(panels, PANEL, -1).permute(0, 2, 1)
+
+        ut = torch.from_numpy(np.ascontiguousarray(u, dtype=np.uint8))
+        if pad:
+            ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
+        quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
+        v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
+        if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
+            half = fmt.group // 8
+            low = v & 0x0F
+            planes = [(low[:, :, :half] | (low[:, :, half:] << 4)).reshape(panels, groups, -1)]
+            if fmt.bits > 4:  # bits 4 and up: per quad vector and bit, a 64-bit mask with bit k for byte k
+                high = np.stack([((v >> (4 + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - 4)], axis=3)
+                masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - 4, 8]
+                planes.append(torch.from_numpy(masks).reshape(panels, groups, -1))
+            v = torch.cat(planes, dim=-1)
+        self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
+        self.scales[p0 : p0 + panels] = panelled(scale, np.float16)
+        if self.mins is not None:
+            self.mins[p0 : p0 + panels] = panelled(mins, np.float16)
+        if self.subscales is not None:
+            self.subscales[p0 : p0 + panels] = panelled(sub, np.int8)
+        if self.submins is not None:
+            self.submins[p0 : p0 + panels] = panelled(submins, np.int8)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, in] float32 -> [M, out]."""
+        f = self.fmt
+        return kernel().linear(x, self.packed, self.scales, self.mins, self.subscales, self.submins,
+                               self.out_features, f.group, f.bits, f.zero, f.gps, bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
+        f = self.fmt
+        flat = kernel().dequantize_rows(self.packed, self.scales, self.mins, self.subscales, self.submins,
+                                        ids.reshape(-1), self.out_features, self.in_features, f.group, f.bits, f.zero,
+                                        f.gps)
+        return flat.view(*ids.shape, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.out_features))
+
+
+_CHUNK_ROWS = 4096  # rows decoded at a time: bounds the temporary numpy arrays of a large tensor (the LM head)
+
+
+def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_features: int) -> QuantWeight:
+    """A weight from a GGUF tensor's raw blocks (`GGUFReader` tensor `.data`, [out, bytes per row])."""
+    if type_name not in DECODERS:
+        raise ValueError(f"GGUF type {type_name} is not supported quantized (supported: {', '.join(DECODERS)})")
+    decode, fmt, per_block, block_bytes = DECODERS[type_name]
+    blocks_per_row = in_features // per_block
+    raw = np.asarray(data).reshape(out_features, blocks_per_row * block_bytes)
+    weight = QuantWeight(fmt, out_features, in_features)
+    for r0 in range(0, out_features, _CHUNK_ROWS):
+        part = raw[r0 : r0 + _CHUNK_ROWS]
+        rows = part.shape[0]
+        u, scale, sub, mins, submins = decode(part.reshape(rows * blocks_per_row, block_bytes))
+        weight.fill(r0, u.reshape(rows, in_features), *(None if a is None else a.reshape(rows, -1)
+                                                         for a in (scale, sub, mins, submins)))
+    return weight
+
+
+def quantize_float(weight: torch.Tensor, name: str = "q8_0") -> QuantWeight:
+    """Float weights [out, in] rounded to Q8_0's layout (32 inputs per scale, max |w| -> 127), as llama.cpp does."""
+    if name != "q8_0":
+        raise ValueError(f"weights={name!r}: only 'q8_0' quantization on load is supported")
+    w = weight.detach().to(torch.float32)
+    out_features, in_features = w.shape
+    fmt = Format("q8_0", 32, 8, 128)
+    if in_features % 32:
+        raise ValueError(f"q8_0: {in_features} inputs are not a multiple of 32")
+    result = QuantWeight(fmt, out_features, in_features)
+    for r0 in range(0, out_features, _CHUNK_ROWS):
+        g = w[r0 : r0 + _CHUNK_ROWS].reshape(-1, in_features // 32, 32)
+        d = g.abs().amax(dim=-1) / 127  # as gguf's Q8_0: round(w / d), halves away from zero, d stored in fp16
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        v = g * inv[..., None]
+        q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).clamp_(-127, 127).to(torch.int16) + 128
+        d16 = d.to(torch.float16).to(torch.float32)
+        result.fill(r0, q.to(torch.uint8).reshape(-1, in_features).numpy(), d16.reshape(q.shape[0], -1).numpy(),
+                    None, None, None)
+    return result
+
+
+# ---------------------------------------------------------------- modules
+
+class QuantLinear(torch.nn.Module):
+    """nn.Linear's computation on a QuantWeight: y = x W^T + b. There is no `.weight` (a float32 copy would cost 4-7x
+    the blocks): `qweight.dequantize()` makes one where it is really wanted."""
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.qweight = weight
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        for name, t in weight.tensors().items():
+            self.register_buffer(name, t)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+        y = self.qweight.linear(rows, self.bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.fmt.name}"
+
+
+class QuantEmbedding(torch.nn.Module):
+    """nn.Embedding on a QuantWeight: each looked-up row de-quantized (times the model's embed_scale, if any)."""
+
+    def __init__(self, weight: QuantWeight, embed_scale: torch.Tensor | None = None, padding_idx: int | None = None):
+        super().__init__()
+        self.qweight = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
+        self.padding_idx = padding_idx
+        for name, t in weight.tensors().items():
+            self.register_buffer(name, t)
+        self.embed_scale = embed_scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.qweight.rows(ids)
+        return out if self.embed_scale is None else out * self.embed_scale.to(out.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qweight.fmt.name}"
+
+
+def describe(model: torch.nn.Module) -> str | None:
+    """"Q4_K 196 + Q6_K 29 + ..." for a model with quantized layers, else None."""
+    counts: dict[str, int] = {}
+    for mod in model.modules():
+        if isinstance(mod, (QuantLinear, QuantEmbedding)):
+            counts[mod.qweight.fmt.name] = counts.get(mod.qweight.fmt.name, 0) + 1
+    if not counts:
+        return None
+    return " + ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, (QuantLinear, QuantEmbedding)) for m in model.modules())

@@ -1,0 +1,295 @@
+"""Many requests decoded in lockstep: each step() runs ONE target pass (plus packed draft passes) for all rows.
+
+A step:
+  1. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
+              policy (batch_policy.py) sets each row's draft-model length
+  2. prefill  rows reading their prompt get the next chunk within the step's budget (prefill_budget.py); the
+              draft model drafts for all rows and reads the chunks in packed passes (draft_batch.py)
+  3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
+              chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
+  4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
+              next token; finished rows leave and free their caches
+
+Prefill is bounded per step, not per row (admission order): with P prompts being read and D rows decoding, a
+step may last 1 + P/D decode-only steps (measured pass costs), never less than `prefill_chunk` tokens (a long
+prompt never freezes running rows), at most 256. `adaptive_prefill=False` keeps `prefill_chunk`. Chunking changes
+no result.
+
+The scheduler may `pause` a row between steps (its KV handed out, to be spilled) and `resume` it later; a row
+whose spilled KV was lost prefills its prompt and committed tokens again (`Row.fill_to`) before it decodes on.
+
+A row that fails (its constraint raises, say) is finished alone with `finish_reason == "error"` and the exception
+on `row.error`; the other rows are untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from specstruct.spec.batch_policy import Demand, allocate, pass_time
+from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
+from specstruct.runtime.kv.layers import SeqKV
+from specstruct.spec.prefill_budget import prefill_budget
+from specstruct.spec.row import Row, Step
+
+
+class BatchDecoder:
+    """Decodes many requests in lockstep. `add` admits a row made by `engine.decode(...)`; `step` advances all;
+    finished rows leave by themselves, `remove` cancels one."""
+
+    def __init__(self, engine: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
+        self.engine = engine
+        self.prefill_chunk = max(1, prefill_chunk)  # the per-step prefill budget while rows decode (its floor)
+        self.adaptive_prefill = adaptive_prefill  # False: exactly prefill_chunk while rows decode
+        self.rows: list[Row] = []
+        model = engine.drafters.get("model")
+        self.draft = model.runtime if model is not None else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Row) -> None:
+        """Admit a request; its prompt is prefilled by the following steps."""
+        row.kv = self._start(row)
+        row.started = time.perf_counter()
+        cfg = row.config
+        if self.draft is not None and cfg.enable_speculative and cfg.use_draft_model:
+            row.draft_kv = self._draft_start(row)
+        self.rows.append(row)
+
+    def _start(self, row: Row):
+        """The row's target KV sequence, from the longest cached prefix of its prompt. At least the prompt's last
+        token always runs: its logits are needed."""
+        seq, row.prefilled = self._cached(row, row.prompt[:-1])
+        row.stats.cached_prompt_tokens = row.prefilled
+        return seq
+
+    def _cached(self, row: Row, ids: list[int]):
+        """(a new target KV sequence, its length): the longest cached prefix of `ids` when the prefix cache may
+        serve the row (kv/; exact because prefill results do not depend on where a prefix ends), else empty."""
+        rt = self.engine.target
+        cache = getattr(rt, "prefix_cache", None)
+        if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
+                or not row.config.use_prefix_cache:
+            return rt.sequence(), 0
+        return _from_cache(rt, row, ids, lambda layers, n: (rt.sequence(layers, n), n))
+
+    def _draft_start(self, row: Row) -> DraftState:
+        """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
+        the output: a greedy row (the draft only proposes; the target alone decides every token), or a draft whose
+        numerics make a cached prefix bitwise a cold one. Else empty: the draft reads the prompt with the target."""
+        if not self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
+            return DraftState(self.draft)
+        return _from_cache(self.draft, row, row.prompt[:-1],
+                           lambda layers, n: DraftState(self.draft, layers, row.prompt[:n]))
+
+    def _draft_reuses(self, row: Row, cache) -> bool:
+        return (cache is not None and cache.enabled and row.config.use_prefix_cache and getattr(self.draft, "packed", False)
+                and (row.config.temperature <= 0 or self.draft.reuses_prefixes))
+
+    def _remember(self, row: Row) -> None:
+        """Offer a just-prefilled prompt's KV (target, and draft where it read the whole prompt) to the prefix cache
+        (it copies what it keeps)."""
+        rt = self.engine.target
+        cache = getattr(rt, "prefix_cache", None)
+        if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
+            cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.views())
+        d = row.draft_kv
+        if d is not None and d.tokens == row.prompt and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
+            self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
+
+    def remove(self, row: Row) -> None:
+        """Cancel (or forget a finished) row: frees its KV caches and constraint state."""
+        if row in self.rows:
+            self.rows.remove(row)
+        row.kv = row.draft_kv = None
+        if not row.finished:  # cancelled: its stats still say what it did
+            row.stats.new_tokens = len(row.token_ids)
+            row.stats.elapsed_s = time.perf_counter() - row.started
+            row.stats.batch_rows = row.rows_seen / row.passes if row.passes else 0.0
+
+    # -- preemption (engine/preempt.py decides whom and keeps the KV meanwhile) ----------------------------------
+    def pause(self, row: Row) -> tuple[SeqKV, SeqKV | None]:
+        """Take a row out between steps without finishing it: returns what its target and draft caches held
+        (token ids and layers) and forgets them here. Its constraint, drafters, generator and stats stay on it."""
+        self.rows.remove(row)
+        target = _held(row.kv, (row.prompt + row.token_ids)[: row.kv.length])
+        d = row.draft_kv
+        draft = None if d is None else _held(d.kv, d.tokens[: d.kv.length])
+        row.kv = row.draft_kv = None
+        return target, draft
+
+    def resume(self, row: Row, target: SeqKV, draft: SeqKV | None) -> None:
+        """Put a paused row back with what `pause` returned (layers None: lost; the following steps prefill those
+        tokens again, bit for bit the same KV under row-invariant numerics; a lost draft cache catches up)."""
+        rt = self.engine.target
+        if target.layers is not None or not target.tokens:
+            row.kv = rt.sequence(target.layers, len(target.tokens))
+        else:
+            row.fill_to = max(len(row.prompt), len(target.tokens))
+            row.kv, row.prefilled = self._cached(row, target.tokens if row.token_ids else row.prompt[:-1])
+        if draft is not None:  # lost layers: an empty draft cache, which catches up by itself
+            row.draft_kv = DraftState(self.draft, draft.layers, draft.tokens if draft.layers is not None else ())
+        self.rows.append(row)
+
+    def _alone(self, row: Row) -> bool:
+        return row.seeded and not self.draft.row_invariant
+
+    def _fail(self, row: Row, err: BaseException) -> None:
+        if not row.finished:
+            row.finish("error", err)
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Row, list[int], bool]]:
+        rows = list(self.rows)
+        out: dict[int, list[int]] = {id(r): [] for r in rows}
+        decoding = [r for r in rows if not r.prefilling]
+        steps: dict[int, Step] = {}
+        for r in decoding:
+            try:
+                steps[id(r)] = r.draft_free()
+            except Exception as err:
+                self._fail(r, err)
+        live = [r for r in decoding if id(r) in steps and not r.finished]
+        demands, ks = self._draft_lengths(live, steps)
+        fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
+        chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
+        self._draft_model(live, steps, demands, ks, chunks)
+        masks = {}
+        for r in decoding:
+            if id(r) in steps and not r.finished:
+                try:
+                    masks[id(r)] = r.masks(steps[id(r)])
+                except Exception as err:
+                    self._fail(r, err)
+        verifying = [r for r in decoding if id(r) in masks]
+        self._target_pass(verifying, steps, masks, chunks, out)
+        result = []
+        for r in rows:
+            if r.finished:
+                self.remove(r)
+            result.append((r, out[id(r)], r.finished))
+        return result
+
+    def _chunks(self, prefilling: list[Row], decoding: int, fed: int) -> list[tuple[Row, list[int]]]:
+        budget = self.prefill_chunk if decoding and not self.adaptive_prefill else prefill_budget(
+            self.prefill_chunk, len(prefilling), decoding, fed, lambda n: pass_time(self.engine.policy, n))
+        chunks = []
+        for r in prefilling:
+            if budget <= 0:
+                break
+            c = r.prefill_chunk(budget)
+            chunks.append((r, c))
+            budget -= len(c)
+        return chunks
+
+    def _draft_lengths(self, decoding: list[Row], steps: dict[int, Step]) -> tuple[list[Demand], list[int]]:
+        """Each decoding row's demand on the draft model and its draft length (batch_policy.allocate)."""
+        if self.draft is None:
+            return [], []
+        demands = []
+        for r in decoding:
+            s = steps[id(r)]
+            if r.draft_kv is not None and (s.model_room > 0 or s.arbitrates(r.config)):
+                rate = r.policy.rate[(r.constraint.mode, "model")]
+                rate = r.config.adaptive_threshold if rate is None else rate
+                demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
+            else:
+                demands.append(Demand(1 + len(s.cands), 0, 0.0))
+        return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
+
+    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks, chunks) -> None:
+        if self.draft is None:
+            return
+        jobs = {}
+        for r, d, k in zip(decoding, demands, ks):
+            s = steps[id(r)]
+            forced = r.config.use_forced_text
+            if r.draft_kv is not None and s.arbitrates(r.config):  # the draft arbitrates the free candidates, and drafts
+                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
+                                  hint=list(s.cands), limit=s.model_limit, forced=forced,  # in the room it frees
+                                  confidence=r.config.draft_confidence)
+            elif d.limit and k > 0:
+                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
+                                  r.generator, alone=self._alone(r), forced=forced,
+                                  confidence=r.config.draft_confidence)
+        for r, c in chunks:
+            if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
+                feed = (r.prompt + r.token_ids)[len(r.draft_kv.tokens) : r.prefilled + len(c)]
+                jobs[id(r)] = Job(r.draft_kv, feed, None, 0, 0.0, None, feed_only=True)
+        if not jobs:
+            return
+        costs: list[tuple[int, float]] = []
+        t0 = time.perf_counter()
+        try:
+            run_drafts(self.draft, list(jobs.values()), self.engine.eos, costs)
+        except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
+            for r in decoding + [r for r, _ in chunks]:
+                if id(r) in jobs:
+                    self._fail(r, err)
+            return
+        dt = time.perf_counter() - t0
+        for rows, s in costs:
+            self.engine.policy.observe_cost("draft", rows, s)
+        for r in decoding:
+            j = jobs.get(id(r))
+            if j is None:
+                continue
+            r.stats.draft_time_s += dt
+            if j.error is not None:
+                self._fail(r, j.error)
+                continue
+            if j.hint:
+                steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
+            steps[id(r)].add_runs(j.tokens, j.runs, j.qs)
+
+    def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
+        segs, keep = [], []
+        for r in verifying:
+            feed = [r.token_ids[-1]] + steps[id(r)].cands
+            segs.append((r.kv, feed))
+            keep.append(len(feed))
+        for r, c in chunks:
+            segs.append((r.kv, c))
+            keep.append(1 if r.prefilled + len(c) == r.fill_to and not r.token_ids else 0)  # a re-prefill: none
+        if not segs:
+            return
+        members = verifying + [r for r, _ in chunks]
+        t0 = time.perf_counter()
+        try:
+            logits = self.engine.target.forward(segs, keep)
+        except Exception as err:  # every row in the pass has a half-written cache now
+            for r in members:
+                self._fail(r, err)
+            return
+        dt = time.perf_counter() - t0
+        total = sum(len(f) for _, f in segs)
+        self.engine.policy.observe_cost("target", total, dt)
+        for r, lg in zip(members, logits):
+            r.saw_pass(len(members), dt)
+            try:
+                if r.prefilling:
+                    r.prefilled += len(segs[members.index(r)][1])
+                    if not r.prefilling and not r.token_ids:
+                        self._remember(r)
+                        out[id(r)] += r.after_prefill(lg[-1])
+                else:
+                    r.stats.verify_time_s += dt
+                    out[id(r)] += r.verify(steps[id(r)], lg, masks[id(r)])
+            except Exception as err:
+                self._fail(r, err)
+
+
+def _held(seq, tokens: list[int]) -> SeqKV:
+    return SeqKV(list(tokens), seq.layers() if seq.length else None)
+
+
+def _from_cache(rt, row: Row, ids: list[int], build):
+    """`build(layers, n)` from the longest prefix of `ids` in `rt`'s prefix cache (n may be 0, layers then None).
+    `build` must copy the layers: the cache's spans are free to move once the hit is released."""
+    hit = rt.prefix_cache.lookup((rt.cache_key, row.config.cache_salt), ids)
+    try:
+        return build(hit.layers if hit.tokens else None, hit.tokens)
+    finally:
+        hit.release()

@@ -1,0 +1,143 @@
+"""The candidate policy: how many tokens each drafter may propose at the next step.
+
+Reads the output mode (long drafts for JSON, code and grammars; short ones for free text), the acceptance history
+per mode and drafter (moving averages), and the measured costs: a target pass over r rows, T(r), and a draft-model
+step, c * T(1). With acceptance a and k drafted tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a)
+tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
+when the best k beats k = 0; free drafters (forced text, prompt lookup) cost only the extra verification rows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from specstruct.config import SpecConfig
+from specstruct.spec.interfaces import Mode, Plan
+
+EMA = 0.3  # weight of the newest observation in the moving averages
+PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 on 2 AVX2 cores)
+PRIOR_DRAFT_COST = 0.4  # prior draft/target step-cost ratio (0.5B vs 1.5B Qwen)
+GROW = 2  # draft length added after a step whose draft was accepted whole
+PROBE_EVERY = 16  # steps between single-token probes of a drafter the cost model switched off
+ORDER = ("forced", "lookup", "model")  # candidates are concatenated in this order
+SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "model": "use_draft_model"}
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens per step with k drafts accepted independently with probability a (bonus token included)."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new
+
+
+class AdaptivePolicy:
+    """Mode caps, acceptance-driven growth around `adaptive_threshold`, and a cost gate for the draft model."""
+
+    def __init__(self, config: SpecConfig, available: set[str], use_timing: bool = True):
+        self.config = config
+        self.use_timing = use_timing  # False: plans depend only on acceptance, so seeded sampling reproduces
+        self.available = [d for d in ORDER if d in available]
+        self.k: dict[tuple[Mode, str], int] = {}
+        self.rate: dict[tuple[Mode, str], float | None] = defaultdict(lambda: None)
+        self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
+        self.draft_cost: float | None = None  # EMA seconds of one draft-model step
+        self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
+
+    # -- planning ---------------------------------------------------------------------------------------------
+    def plan(self, mode: Mode) -> Plan:
+        cap = self.config.cap(mode)
+        if not self.config.enable_speculative or cap <= 0:
+            return Plan(k=0)
+        limits: dict[str, int] = {}
+        for name in self.available:
+            if not getattr(self.config, SWITCH[name]):
+                continue
+            if name == "forced":
+                limits[name] = cap
+            else:
+                limits[name] = self._limit(mode, name, cap)
+        drafters = [d for d in ORDER if limits.get(d, 0) > 0]
+        return Plan(k=cap, drafters=drafters, limits=limits)
+
+    def _limit(self, mode: Mode, name: str, cap: int) -> int:
+        key = (mode, name)
+        k = self.k.setdefault(key, max(0, min(self.config.initial_candidates, cap)))
+        if name != "model" or k == 0 or not self.costs_measured():
+            return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
+        best = self.best_k(mode, k)
+        if best == 0:
+            self.idle_steps[key] += 1
+            if self.idle_steps[key] >= PROBE_EVERY:  # re-measure acceptance now and then
+                self.idle_steps[key] = 0
+                return 1
+        return best
+
+    def best_k(self, mode: Mode, k_max: int) -> int:
+        """The draft length in 0..k_max that maximises expected tokens per second."""
+        a = self.rate[(mode, "model")]
+        a = self.config.adaptive_threshold if a is None else a
+        c = self.cost_ratio()
+        best, best_rate = 0, 1.0  # k = 0: one token per T(1)
+        for k in range(1, k_max + 1):
+            rate = expected_tokens(a, k) / (k * c + self.verify_ratio(k + 1))
+            if rate > best_rate * 1.02:  # ask for a clear gain, not noise
+                best, best_rate = k, rate
+        return best
+
+    def t1(self) -> float | None:
+        """Seconds of a one-token target pass: measured, or inferred from the narrowest measured pass."""
+        if 1 in self.target_cost:
+            return self.target_cost[1]
+        if not self.target_cost:
+            return None
+        rows = min(self.target_cost)
+        return self.target_cost[rows] / (1.0 + PRIOR_VERIFY_SLOPE * (rows - 1))
+
+    def verify_ratio(self, rows: int) -> float:
+        """T(rows) / T(1), measured where possible, else from the prior slope."""
+        t1 = self.t1()
+        if t1 and rows in self.target_cost:
+            return self.target_cost[rows] / t1
+        return 1.0 + PRIOR_VERIFY_SLOPE * (rows - 1)
+
+    def costs_measured(self) -> bool:
+        return bool(self.target_cost) and self.draft_cost is not None
+
+    def cost_ratio(self) -> float:
+        t1 = self.t1()
+        if t1 and self.draft_cost is not None:
+            return self.draft_cost / t1
+        return PRIOR_DRAFT_COST
+
+    # -- learning ---------------------------------------------------------------------------------------------
+    def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int) -> None:
+        """Per-token acceptance of one step's proposal; grow while it stays above the threshold, shrink below."""
+        if proposed <= 0:
+            return
+        key = (mode, drafter)
+        # the average starts from the threshold, not from the first observation: one unlucky first step (a draft
+        # judged on 3 tokens, 1 accepted) must not switch the draft model off for PROBE_EVERY steps
+        prior = self.rate[key] if self.rate[key] is not None else self.config.adaptive_threshold
+        rate = _ema(prior, accepted / proposed)
+        self.rate[key] = rate
+        if drafter == "forced":
+            return
+        cap = self.config.cap(mode)
+        k = self.k.get(key, self.config.initial_candidates)
+        if rate >= self.config.adaptive_threshold and accepted == proposed:
+            k = min(cap, k + GROW)  # all accepted: grow fast (transformers' assisted generation adds 2 too)
+        elif rate < self.config.adaptive_threshold:
+            k = max(1, k - 1)
+        self.k[key] = k
+
+    def observe_cost(self, kind: str, rows: int, seconds: float) -> None:
+        if not self.use_timing:
+            return
+        if kind == "target":
+            self.target_cost[rows] = _ema(self.target_cost.get(rows), seconds)
+        elif kind == "draft" and rows <= 2:  # a draft step feeds one or two tokens; longer syncs are not steps
+            self.draft_cost = _ema(self.draft_cost, seconds)

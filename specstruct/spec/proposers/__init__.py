@@ -1,0 +1,8 @@
+"""Candidate sources for speculative decoding. Each proposes tokens that the constraint allows; the target
+verifies them. `forced` and `lookup` cost nothing to draft; `model` runs a small draft model."""
+
+from specstruct.spec.proposers.forced import ForcedTextDrafter
+from specstruct.spec.proposers.lookup import PromptLookupDrafter
+from specstruct.spec.proposers.model import DraftModelDrafter
+
+__all__ = ["ForcedTextDrafter", "PromptLookupDrafter", "DraftModelDrafter"]

@@ -1,0 +1,31 @@
+"""Grammar-forced text: where the constraint admits exactly one continuation *text* (JSON punctuation, the key
+of a required property, the rest of an enum value), propose its canonical tokenization for free.
+
+The forced text is usually not a forced *token sequence* (byte-level BPE has several tokenizations of
+`{"name": "`), so these are only candidates: the target verifies them like any other draft.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specstruct.spec.interfaces import Constraint, Draft
+
+
+class ForcedTextDrafter:
+    name = "forced"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[str, list[int]] = {}
+
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float) -> Draft:
+        text = constraint.forced_text()
+        if not text or k <= 0:
+            return Draft([], source=self.name)
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = self._cache[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = ids[:k]
+        n = constraint.advance(ids)  # a canonical token can overshoot what is forced: keep the legal prefix
+        return Draft(list(ids[:n]), source=self.name)

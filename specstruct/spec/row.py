@@ -1,0 +1,299 @@
+"""One request's decoding state, as a row of a batch: its constraint, KV sequences, drafting and acceptance.
+
+A row goes through: prefill (its prompt, in chunks) -> commit the target's first choice -> steps of
+[free drafts, model drafts, one verify segment, accept]. The batch (batch.py) owns the passes; the row owns
+everything that is per request: constraint state, policy and acceptance history, generator, stats.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import torch
+
+from specstruct.config import SpecConfig
+from specstruct.errors import ConstraintError
+from specstruct.results import DrafterStats, Stats
+from specstruct.spec.interfaces import Constraint
+from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.stops import StopScanner
+from specstruct.spec.verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
+
+
+class _Timed:
+    """Constraint wrapper that adds the time spent computing masks to stats.mask_time_s."""
+
+    def __init__(self, inner: Constraint, stats: Stats):
+        self.inner, self.stats = inner, stats
+
+    def mask(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        m = self.inner.mask()
+        self.stats.mask_time_s += time.perf_counter() - t0
+        return m
+
+    def fork(self) -> "_Timed":
+        return _Timed(self.inner.fork(), self.stats)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _WithConfig:
+    """The engine's shared policy (what it learned: acceptance, costs) driven by one request's config, so a
+    request never overwrites the config other requests plan with."""
+
+    def __init__(self, policy: AdaptivePolicy, config: SpecConfig):
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "config", config)
+
+    def __getattr__(self, name):
+        method = getattr(type(self._policy), name, None)
+        if callable(method):
+            return types.MethodType(method, self)  # the policy's own code, reading this request's config
+        return getattr(self._policy, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._policy, name, value)  # learning lands in the shared policy
+
+
+def generator_seed(seed: int) -> int:
+    """torch's CPU generator keeps the low 32 bits of its seed, so 0, 2**32 and 2**63 gave the same samples. Seeds
+    in [0, 2**32) are used as given (seeded outputs stay as they were); others are mixed (splitmix64) first."""
+    if 0 <= seed < 2**32:
+        return seed
+    z = (seed + 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) & (2**32 - 1)
+
+
+class Row:
+    """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
+    (the exception that failed it, else None) and `stats`."""
+
+    def __init__(self, engine: Any, prompt: list[int], constraint: Constraint, config: SpecConfig):
+        self.engine, self.prompt, self.config = engine, prompt, config
+        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.numerics)
+        self.constraint = _Timed(constraint, self.stats)
+        self.token_ids: list[int] = []
+        self._stops: StopScanner | None = None  # made at the first stop check
+        self.finish_reason = "length"
+        self.error: BaseException | None = None
+        self.finished = False
+        self.seeded = config.temperature > 0 and config.seed is not None
+        if self.seeded:
+            # a seeded sample must not depend on timings, earlier requests or the batch: plan from this request alone
+            self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
+        else:
+            self.policy = _WithConfig(engine.policy, config)
+        self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
+                                                       int(torch.randint(0, 2**62, ()).item()))
+        self.kv = None  # the target KV sequence, made on admission
+        self.draft_kv = None  # the draft model's (draft_batch.DraftState), when one drafts for this row
+        self.prefilled = 0  # positions in the target cache (prefill and, after a lost spill, its re-prefill)
+        self.fill_to = len(prompt)  # positions to prefill before decoding (more to re-prefill committed tokens)
+        self.started = self.last_pass = 0.0
+        self.passes = self.rows_seen = 0
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _plan(self):
+        return self.policy.plan(self.constraint.mode)
+
+    @staticmethod
+    def _live(mask: torch.Tensor) -> None:
+        if not bool(mask.any()):  # argmax over an all-false mask would pick token 0 as if it were legal
+            raise ConstraintError("the constraint reached a state where no token is legal (not even EOS): its "
+                                  "language has a dead end here; check the grammar, regex or schema.")
+
+    def _choose(self, logits: torch.Tensor, mask: torch.Tensor) -> int:
+        self._live(mask)
+        if self.config.temperature > 0:
+            return sample(distribution(logits, mask, self.config.temperature, self.config.top_p), self.generator)
+        return greedy_token(logits, mask)
+
+    def _only_eos_left(self) -> bool:
+        c = self.constraint
+        if not c.is_final():
+            return False
+        m = c.mask()
+        return int(m.sum()) == sum(int(m[e]) for e in self.engine.eos if e < m.shape[0])
+
+    def _limit_reached(self) -> str | None:
+        """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
+        if self._hit_stop():
+            return "stop"
+        if len(self.token_ids) >= self.config.max_new_tokens:
+            return "length"
+        return None
+
+    def _hit_stop(self) -> bool:
+        """True when a stop string (code mode: the closing fence) has appeared; token_ids are then trimmed to
+        end with the token that completed it, exactly where one-token-at-a-time decoding would have stopped."""
+        code = self.constraint.mode == "code"
+        if not self.config.stop and not code:
+            return False
+        if self._stops is None:  # searches only the new text each time: linear in the output, not quadratic
+            decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            self._stops = StopScanner(decode, self.config.stop, code_fence=code)
+        n = self._stops.push(self.token_ids[len(self._stops.ends):])
+        if n is None:
+            return False
+        del self.token_ids[n:]
+        return True
+
+    def finish(self, reason: str, error: BaseException | None = None) -> None:
+        self.finished, self.finish_reason = True, reason
+        if error is not None:
+            self.error = error
+        self.stats.new_tokens = len(self.token_ids)
+        self.stats.elapsed_s = time.perf_counter() - self.started
+        self.stats.batch_rows = self.rows_seen / self.passes if self.passes else 0.0
+
+    def saw_pass(self, rows: int, seconds: float) -> None:
+        self.passes += 1
+        self.rows_seen += rows
+        self.stats.target_forwards += 1
+
+    # -- prefill ----------------------------------------------------------------------------------------------
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.fill_to
+
+    def prefill_chunk(self, limit: int) -> list[int]:
+        ids = self.prompt if self.fill_to <= len(self.prompt) else self.prompt + self.token_ids
+        return ids[self.prefilled : min(self.prefilled + limit, self.fill_to)]
+
+    def after_prefill(self, logits: torch.Tensor) -> list[int]:
+        """The target's first choice after the prompt, committed."""
+        self.stats.prefill_s = time.perf_counter() - self.started
+        return self.commit(self._choose(logits, self.constraint.mask()))
+
+    # -- one decode step --------------------------------------------------------------------------------------
+    def commit(self, token: int) -> list[int]:
+        """Commit the target's own choice (not yet in the KV cache); returns what was committed."""
+        if token in self.engine.eos:
+            self.finish("stop")
+            return []
+        if self.constraint.advance([token]) != 1:
+            self._live(self.constraint.mask())  # a dead end raises here
+            raise RuntimeError(f"internal error: token {token} chosen under the mask was rejected")
+        self.token_ids.append(token)
+        reason = self._limit_reached() or ("stop" if self._only_eos_left() else None)  # complete: no pass for EOS
+        if reason:
+            self.finish(reason)
+        return [token]
+
+    def draft_free(self) -> "Step":
+        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup) on a fork of the constraint."""
+        plan = self._plan()
+        budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token
+        step = Step(self.constraint.fork(), budget, plan.limits.get("model", 0) if "model" in plan.drafters else 0)
+        context = self.prompt + self.token_ids
+        t0 = time.perf_counter()
+        for name in plan.drafters:
+            room = min(plan.limits.get(name, 0), budget - len(step.cands))
+            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.engine.eos):
+                break
+            d = self.engine.drafters[name].propose(context + step.cands, step.fork, room, self.config.temperature)
+            step.add(name, d.tokens, d.q)
+        step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
+        if step.cands and step.cands[-1] in self.engine.eos:
+            step.model_room = 0
+        self.stats.draft_time_s += time.perf_counter() - t0
+        return step
+
+    def masks(self, step: "Step") -> list[torch.Tensor]:
+        fork = self.constraint.fork()
+        masks = [fork.mask()]
+        for t in step.cands:
+            fork.advance([t])
+            masks.append(fork.mask())
+        return masks
+
+    def verify(self, step: "Step", logits: torch.Tensor, masks: list[torch.Tensor]) -> list[int]:
+        """Accept the longest agreed prefix of the candidates, then commit the target's next token."""
+        cfg, st, cands = self.config, self.stats, step.cands
+        if cfg.temperature > 0:
+            p = torch.stack([distribution(logits[i], masks[i], cfg.temperature, cfg.top_p)
+                             for i in range(len(cands) + 1)])
+            n, pending = verify_sampling(p, step.qs, cands, self.generator)
+        else:
+            n, pending = verify_greedy(logits, masks, cands)
+        st.k_histogram[len(cands)] = st.k_histogram.get(len(cands), 0) + 1
+        st.drafted += len(cands)
+        st.accepted += n
+        self._record(step.segments, n)
+        self.kv.crop(len(self.prompt) + len(self.token_ids) + n)
+        accepted = cands[:n]
+        ends = bool(accepted) and accepted[-1] in self.engine.eos  # drafted EOS accepted: the output ends here
+        if ends:
+            accepted = accepted[:-1]
+        if accepted:
+            self.constraint.advance(accepted)
+            self.token_ids += accepted
+        reason = "stop" if ends else self._limit_reached()
+        if reason:
+            self.finish(reason)
+            return accepted
+        return accepted + self.commit(pending)
+
+    def _record(self, segments: list[tuple[str, int]], accepted: int) -> None:
+        offset = 0
+        for name, count in segments:
+            got = max(0, min(count, accepted - offset))
+            judged = offset <= accepted  # the target reached this drafter's first token
+            seen = min(count, accepted - offset + 1)  # accepted ones plus the first rejected one
+            offset += count
+            if judged:  # tokens after an earlier drafter's rejection say nothing about this drafter
+                st = self.stats.per_drafter.setdefault(name, DrafterStats())
+                st.proposed += seen
+                st.judged += seen
+                st.accepted += got
+                self.policy.observe(self.constraint.mode, name, count, got)
+
+
+class Step:
+    """A row's candidates for one pass: tokens, their drafters' distributions, which drafter made which."""
+
+    def __init__(self, fork, budget: int, model_room: int):
+        self.fork, self.budget, self.model_room = fork, budget, model_room
+        self.model_limit = model_room  # the policy's draft-model length, before free candidates took room
+        self.cands: list[int] = []
+        self.qs: list[torch.Tensor | None] = []
+        self.segments: list[tuple[str, int]] = []
+
+    def arbitrates(self, config: SpecConfig) -> bool:
+        """The draft model arbitrates the free candidates (greedy, planned, switched on)."""
+        return bool(self.cands) and self.model_limit > 0 and config.temperature <= 0 and config.draft_arbitration
+
+    def keep_free(self, kept: int, fork, stats: Stats) -> None:
+        """After draft arbitration: keep only the first `kept` free candidates (the draft overruled the rest, which
+        are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
+        dropped, offset, segments = len(self.cands) - kept, 0, []
+        for name, count in self.segments:
+            keep = max(0, min(count, kept - offset))
+            if count - keep:
+                stats.per_drafter.setdefault(name, DrafterStats()).overruled += count - keep
+            if keep:
+                segments.append((name, keep))
+            offset += count
+        if dropped:
+            self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
+        self.fork = fork
+
+    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list) -> None:
+        """The draft model's tokens and the forced tokens between them, in order (q per model token if sampling)."""
+        at = 0
+        for name, n in runs:
+            q = qs[at : at + n] if name == "model" and qs else None
+            self.add(name, tokens[at : at + n], torch.stack(q) if q else None)
+            at += n
+
+    def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
+        if tokens:
+            self.cands += tokens
+            self.qs += [None] * len(tokens) if q is None else list(q)
+            self.segments.append((name, len(tokens)))

@@ -1,0 +1,75 @@
+"""The speculator (a model pair, its proposers and policy) and one request as a row.
+
+`Speculator` owns the target runtime, the drafters and the shared policy; `speculator.decode(...)` makes a `Decode` (a
+row, row.py). Iterating a Decode runs it as a batch of one through the same BatchDecoder that serves many
+requests (batch.py), so there is one decode loop. Each step:
+
+  1. draft    forced text, then prompt lookup, then the draft model, each on a fork of the constraint
+  2. verify   one target pass over [last committed token, candidates]; accept the longest prefix the target agrees
+              with, then commit the target's own next token
+  3. rollback crop the target cache to what was accepted (the constraint fork is simply dropped)
+  4. observe  acceptance and costs go back to the policy
+
+With no candidates this is plain constrained decoding, one token per target pass; the output is the same either
+way (greedy: token for token; sampling: in distribution).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from specstruct.config import SpecConfig
+from specstruct.spec.batch import BatchDecoder
+from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
+from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
+from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.row import Row
+
+
+class Speculator:
+    """Owns the target runtime, the drafters and the policy; `decode` runs one request."""
+
+    def __init__(
+        self,
+        target: Runtime,
+        tokenizer,
+        eos_token_ids: Sequence[int],
+        draft: Runtime | None = None,
+        config: SpecConfig | None = None,
+    ):
+        self.target: Runtime = target
+        self.tokenizer = tokenizer
+        self.eos = set(int(e) for e in eos_token_ids)
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
+        if draft is not None:
+            self.drafters["model"] = DraftModelDrafter(draft, self.eos)
+        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.numerics = target.numerics
+        if draft is not None:
+            self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
+
+    def decode(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> "Decode":
+        return Decode(self, list(prompt), constraint, config)
+
+
+class Decode(Row):
+    """One request. Iterate it to receive committed tokens step by step (or `run()` it); afterwards read
+    `token_ids`, `finish_reason` and `stats`. For many requests at once, `BatchDecoder.add` it instead."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batch = BatchDecoder(self.engine)
+        batch.add(self)
+        try:
+            while len(batch):
+                for _, tokens, _ in batch.step():
+                    if tokens:
+                        yield tokens
+        finally:
+            batch.remove(self)
+        if self.error is not None:
+            raise self.error
+
+    def run(self) -> "Decode":
+        for _ in self:
+            pass
+        return self

@@ -1,0 +1,32 @@
+"""The decode loop's bookkeeping: a request's config never overwrites the engine's shared
+policy config, and per-drafter stats count only tokens the target judged."""
+
+from __future__ import annotations
+
+import specstruct as ss
+from specstruct.spec.speculator import Decode
+from specstruct.testing import scripted_engine
+
+
+def test_a_request_config_does_not_overwrite_the_shared_policy_config():
+    engine = scripted_engine('{"a": 1}')
+    shared = engine.engine.policy
+    before = shared.config
+    other = ss.SpecConfig(max_candidates={"json": 1}, initial_candidates=1)
+    decode = engine.engine.decode(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
+    decode.run()
+    assert shared.config is before
+    assert decode.policy.plan("json").k == 1  # ... while the request itself plans with its own config
+    assert shared.plan("json").k == before.cap("json")
+
+
+def test_per_drafter_stats_count_only_judged_tokens():
+    engine = scripted_engine("abc")
+    decode = Decode(engine.engine, [1, 2], engine.constraint(None), engine.config)
+    # forced proposed 2, lookup 3, model 4; the target accepted 3: both forced tokens and lookup's first, then
+    # rejected lookup's second. Lookup's third and all of the model's tokens were never judged.
+    decode._record([("forced", 2), ("lookup", 3), ("model", 4)], accepted=3)
+    per = decode.stats.per_drafter
+    assert (per["forced"].proposed, per["forced"].accepted) == (2, 2)
+    assert (per["lookup"].proposed, per["lookup"].accepted) == (2, 1)
+    assert "model" not in per or per["model"].proposed == 0

@@ -1,0 +1,103 @@
+"""Block-quantized weights (runtime/quantized.py, csrc/blockq_linear.cpp): each GGUF format decodes to exactly the
+`gguf` package's own de-quantization; the kernel's product is within int8-activation rounding of the float
+product; a row's result is bitwise the same alone or among any rows, at any place; the scalar path gives the same
+bits as the vector one."""
+
+import numpy as np
+import pytest
+import torch
+
+from specstruct.runtime import quantized
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402  (after the importorskip)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    try:
+        return quantized.kernel()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF blocks of `name` for a [rows, cols] tensor, with fp16 scales of a real model's size."""
+    rng = np.random.default_rng(seed)
+    _, _, per_block, block_bytes = quantized.DECODERS[name]
+    raw = rng.integers(0, 256, size=(rows, cols // per_block * block_bytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, block_bytes)
+
+    def scales(n):
+        return rng.uniform(-0.05, 0.05, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    where = {"Q4_K": [0, 2], "Q6_K": [208]}.get(name, [0])
+    for at in where:
+        blocks[:, at : at + 2] = scales(len(blocks))
+    return raw
+
+
+FORMATS = list(quantized.DECODERS)
+# (outputs, inputs): a partial last panel, several panels, one and several groups / super-blocks
+SHAPES = [(40, 256), (16, 512), (7, 256), (100, 768)]  # inputs: whole super-blocks of 256
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decoding_is_exactly_the_gguf_packages_dequantization(ext, name, shape):
+    raw = random_blocks(name, *shape)
+    reference = gguf_quants.dequantize(raw, getattr(GGMLQuantizationType, name)).reshape(shape)
+    weight = quantized.from_gguf_blocks(name, raw, *shape)
+    assert np.array_equal(weight.dequantize().numpy(), reference)
+    rows = torch.tensor([[shape[0] - 1, 0], [3, 3]])
+    assert torch.equal(weight.rows(rows), torch.from_numpy(reference)[rows])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_product_is_the_float_product_within_int8_activation_rounding(ext, name):
+    shape = (100, 768)
+    raw = random_blocks(name, *shape)
+    weight = quantized.from_gguf_blocks(name, raw, *shape)
+    dense = torch.from_numpy(gguf_quants.dequantize(raw, getattr(GGMLQuantizationType, name)).reshape(shape))
+    torch.manual_seed(0)
+    x, bias = torch.randn(13, shape[1]), torch.randn(shape[0])
+    y, want = weight.linear(x, bias), x @ dense.T + bias
+    assert ((y - want).norm() / want.norm()).item() < 0.02
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
+    weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=1), *shape)
+    torch.manual_seed(1)
+    x = torch.randn(21, shape[1]) * torch.logspace(-2, 2, 21)[:, None]  # rows of very different scales
+    x[4] = 0  # an all-zero row (zero activation scale)
+    every = weight.linear(x)
+    for n in range(1, 22):
+        assert torch.equal(weight.linear(x[:n]), every[:n])  # among the first n
+        assert torch.equal(weight.linear(x[n - 1 : n]), every[n - 1 : n])  # alone
+    shuffled = torch.randperm(21)
+    assert torch.equal(weight.linear(x[shuffled]), every[shuffled])  # at another place
+    if ext.simd == "scalar":
+        return  # the vector path is the scalar one on this CPU: nothing more to compare
+    f = weight.fmt
+    scalar = ext.linear_scalar(x, weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins,
+                               shape[0], f.group, f.bits, f.zero, f.gps)
+    assert torch.equal(scalar, every)  # the portable path: the same float operations in the same order
+
+
+def test_float_weights_round_to_q8_0_as_gguf_does(ext):
+    torch.manual_seed(2)
+    w = torch.randn(48, 256)
+    ours = quantized.quantize_float(w).dequantize()
+    theirs = gguf_quants.dequantize(gguf_quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0),
+                                    GGMLQuantizationType.Q8_0).reshape(48, 256)
+    assert torch.equal(ours, torch.from_numpy(theirs))
+    assert ((ours - w).norm() / w.norm()).item() < 0.01
+
+
+def test_bad_shapes_are_refused_with_the_reason(ext):
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        quantized.QuantWeight(quantized.DECODERS["Q8_0"][1], 16, 40)
+    with pytest.raises(ValueError, match="not supported"):
+        quantized.from_gguf_blocks("IQ2_XXS", np.zeros((1, 1), np.uint8), 1, 256)

@@ -1,0 +1,49 @@
+"""The batch-aware draft lengths on their own: no model needed."""
+
+from specstruct.config import SpecConfig
+from specstruct.spec.batch_policy import Demand, allocate, goodput, pass_time
+from specstruct.spec.policy import AdaptivePolicy
+
+ALL = {"forced", "lookup", "model"}
+
+
+def _policy(t1: float, slope: float, draft: float) -> AdaptivePolicy:
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        pol.observe_cost("target", rows, t1 * (1 + slope * (rows - 1)))
+    pol.observe_cost("draft", 1, draft)
+    return pol
+
+
+def test_a_lone_row_keeps_its_own_policy_length():
+    pol = _policy(0.4, 0.5, 0.1)  # even where batching would cut drafts, a lone request drafts as today
+    assert allocate(pol, [Demand(1, 6, 0.9)]) == [6]
+
+
+def test_never_below_plain_batched_decoding():
+    pol = _policy(0.4, 0.07, 0.1)
+    for rate in (0.1, 0.5, 0.9):
+        demands = [Demand(1 + i % 3, 8, rate) for i in range(8)]
+        ks = allocate(pol, demands)
+        assert goodput(pol, demands, ks) >= goodput(pol, demands, [0] * 8)
+
+
+def test_drafts_shrink_as_rows_get_expensive():
+    cheap, dear = _policy(0.4, 0.03, 0.05), _policy(0.4, 0.6, 0.05)
+    demands = [Demand(1, 8, 0.8) for _ in range(8)]
+    assert sum(allocate(cheap, demands)) > sum(allocate(dear, demands))
+    assert sum(allocate(cheap, demands)) > 0
+
+
+def test_poor_acceptance_drafts_nothing_and_fixed_rows_keep_theirs():
+    pol = _policy(0.4, 0.07, 0.15)
+    ks = allocate(pol, [Demand(1, 8, 0.05), Demand(1, 8, 0.05), Demand(1, 4, 0.05, fixed=True)])
+    assert ks == [0, 0, 4]
+
+
+def test_pass_time_interpolates_measured_points():
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("target", 2, 1.0)
+    pol.observe_cost("target", 10, 2.0)
+    assert pass_time(pol, 6) == 1.5
+    assert pass_time(pol, 2) == 1.0 and pass_time(pol, 20) > 2.0

@@ -1,0 +1,66 @@
+"""The candidate policy on its own: no model needed."""
+
+from specstruct.config import SpecConfig
+from specstruct.spec.policy import AdaptivePolicy, expected_tokens
+
+ALL = {"forced", "lookup", "model"}
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 3) == 4.0
+    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-12
+
+
+def test_mode_caps_and_initial_length():
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    json_plan, text_plan = pol.plan("json"), pol.plan("text")
+    assert json_plan.k == 8 and text_plan.k == 2
+    assert json_plan.limits["model"] == 3  # initial_candidates
+    assert text_plan.limits["model"] <= 2
+    assert json_plan.drafters == ["forced", "lookup", "model"]
+
+
+def test_speculation_off_plans_nothing():
+    assert AdaptivePolicy(SpecConfig(enable_speculative=False), ALL).plan("json").k == 0
+
+
+def test_grows_above_threshold_and_shrinks_below():
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.plan("json")
+    for _ in range(10):
+        pol.observe("json", "model", 3, 3)
+    assert pol.k[("json", "model")] == 8  # capped by the JSON cap
+    for _ in range(10):
+        pol.observe("json", "model", 4, 0)
+    assert pol.k[("json", "model")] == 1
+
+
+def test_cost_gate_turns_the_draft_model_off_when_it_cannot_pay():
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("target", 1, 1.0)
+    for rows in range(2, 10):
+        pol.observe_cost("target", rows, 1.0 + 0.05 * rows)
+    pol.observe_cost("draft", 1, 0.9)  # a draft almost as slow as the target
+    for _ in range(5):
+        pol.observe("json", "model", 3, 1)
+    assert pol.best_k("json", 8) == 0
+    cheap = AdaptivePolicy(SpecConfig(), ALL)
+    cheap.observe_cost("target", 1, 1.0)
+    cheap.observe_cost("draft", 1, 0.1)
+    for _ in range(5):
+        cheap.observe("json", "model", 3, 3)
+    assert cheap.best_k("json", 8) >= 4
+
+
+def test_probe_reenables_a_switched_off_drafter():
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("target", 1, 1.0)
+    pol.observe_cost("draft", 1, 2.0)
+    limits = [pol.plan("json").limits.get("model", 0) for _ in range(40)]
+    assert limits.count(0) > 30 and 1 in limits
+
+
+def test_switches_in_config_disable_drafters():
+    pol = AdaptivePolicy(SpecConfig(use_draft_model=False, use_prompt_lookup=False), ALL)
+    assert pol.plan("json").drafters == ["forced"]
