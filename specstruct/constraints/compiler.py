@@ -7,7 +7,7 @@
     grammar --llguidance (Lark)--> LLMatcher ----------------------> GrammarConstraint
     text / code ----------------------------------------------------> FreeTextConstraint
 
-JSON goes through llguidance by default (json_llguidance.py; `json_backend="outlines"` or env
+JSON goes through llguidance by default (llguidance/json_schema.py; `json_backend="outlines"` or env
 SPECSTRUCT_JSON_BACKEND=outlines selects the regex path). Compiling an outlines_core Index is the slow part
 (0.3-2 s on a 150k vocabulary, minutes or tens of GB for hostile regexes), so it runs in a bounded worker
 process (isolate.py, limits.py) and compiled programs are cached in a byte-bounded LRU per (tokenizer, spec)

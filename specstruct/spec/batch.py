@@ -4,7 +4,7 @@ A step:
   1. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
               policy (batch_policy.py) sets each row's draft-model length
   2. prefill  rows reading their prompt get the next chunk within the step's budget (prefill_budget.py); the
-              draft model drafts for all rows and reads the chunks in packed passes (draft_batch.py)
+              draft model drafts for all rows and reads the chunks in packed passes (proposers/draft_model.py)
   3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
               chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
   4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's

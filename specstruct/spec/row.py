@@ -92,7 +92,7 @@ class Row:
         self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
-        self.draft_kv = None  # the draft model's (draft_batch.DraftState), when one drafts for this row
+        self.draft_kv = None  # the draft model's (draft_model.DraftState), when one drafts for this row
         self.prefilled = 0  # positions in the target cache (prefill and, after a lost spill, its re-prefill)
         self.fill_to = len(prompt)  # positions to prefill before decoding (more to re-prefill committed tokens)
         self.started = self.last_pass = 0.0

@@ -6,8 +6,8 @@ rules, not unrolled), and every step is bounded by its fuel limits (limits.llgui
 enforces numeric bounds, `allOf`, `patternProperties`, `additionalProperties` and formats itself, refuses
 `oneOf` unless its branches are provably disjoint, and errors on any keyword it does not implement: so a
 schema is either guaranteed or refused, never silently widened. `not` and `dependencies` (which llguidance lacks)
-are first rewritten into exact positive equivalents where they have one (schema_logic.py), and so are `if`/`then`/`else`
-and, when llguidance cannot prove a `oneOf`'s branches disjoint, that `oneOf` (schema_branches.py); the rest stay refused.
+are first rewritten into exact positive equivalents where they have one (schema/logic.py), and so are `if`/`then`/`else`
+and, when llguidance cannot prove a `oneOf`'s branches disjoint, that `oneOf` (branches.py); the rest stay refused.
 Only a `format` it does not know is dropped
 (JSON Schema makes an unknown format an annotation, which validators do not check either). JSON is written in `json.dumps` form
 (", " and ": ", no other whitespace), as the engine and its speculative drafter expect.
@@ -59,7 +59,7 @@ def parse_schema(source: str | dict | bool) -> Any:
 def prepare(source: str | dict | bool, one_of: bool = False) -> Any:
     """The schema as llguidance gets it: tagged-union oneOfs as anyOf, objects closed (allOf members that are `$ref`s
     open, as inline members are), then `if`/`then`/`else` (and if `one_of`, every other oneOf), `not` and dependency
-    keywords rewritten into exact positive equivalents where they have one (schema_branches, schema_logic)."""
+    keywords rewritten into exact positive equivalents where they have one (schema.branches, schema.logic)."""
     schema = rewrite_property_names(discriminated_oneofs(parse_schema(source)))
     closed = open_all_of_refs(close_objects(schema, one_of=one_of), schema, one_of)
     return rewrite_logic(rewrite_branches(closed, schema, one_of), original=schema)

@@ -1,5 +1,5 @@
 """A schema as the default (llguidance) backend compiles it, from a Pydantic type or a dict: nothing relaxed but
-what llguidance cannot compile. (schema_normalise.relaxed is the outlines_core backend's counterpart.)"""
+what llguidance cannot compile. (schema.normalise.relaxed is the outlines_core backend's counterpart.)"""
 
 from __future__ import annotations
 

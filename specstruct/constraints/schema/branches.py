@@ -1,7 +1,7 @@
 """Rewrite `if`/`then`/`else`, and `oneOf` whose branches may overlap, into exact positive schemas.
 
 llguidance has no `if`/`then`/`else`, and compiles `oneOf` only when it can prove the branches disjoint. Both have an
-exact form built from schema_logic's negation:
+exact form built from logic's negation:
 
 - `if: I, then: T, else: E` holds exactly for `anyOf: [allOf: [I, T], allOf: [not I, E]]` (a missing `then`/`else` is
   `true`; without `then`, `anyOf: [I, E]` needs no negation; an `if` alone constrains nothing and is dropped);
@@ -11,7 +11,7 @@ exact form built from schema_logic's negation:
   const/enum values B's differ from); where some `not` is needed, at most MAX_ONE_OF branches are rewritten (the
   grammar grows with the square of the count).
 
-A form is rewritten only when every negation it needs has an exact positive form (schema_logic.negate); otherwise it
+A form is rewritten only when every negation it needs has an exact positive form (logic.negate); otherwise it
 is left as written, and llguidance refuses it by keyword and path as before: never widened.
 
 The pass runs on the schema after objects are closed (schema_closing.close_objects), walking the closed and the
@@ -30,7 +30,7 @@ from typing import Any
 from specstruct.constraints.schema.logic import DATA, Unsupported, all_of, any_of, negate, refs_in, resolve_pointer
 
 MAX_ONE_OF = 4  # oneOf branches rewritten at most where a branch must carry the negations of others
-# name -> schema maps that closing enters (schema_logic.NAME_MAPS also lists the dependency maps, which closing
+# name -> schema maps that closing enters (logic.NAME_MAPS also lists the dependency maps, which closing
 # leaves AS_WRITTEN: closing inside them would widen what they negate)
 MAPS = ("properties", "patternProperties", "$defs", "definitions")
 AS_WRITTEN = ("not", "dependencies", "dependentSchemas", "dependentRequired", "if")  # never closed: they are negated
@@ -46,7 +46,7 @@ def rewrite_branches(schema: Any, original: Any, one_of: bool = True) -> Any:
 
 
 def _walk(node: Any, orig: Any, roots: tuple, one_of: bool) -> None:
-    """Rewrite below `node` first (not into negated or dependency subschemas: schema_logic reads them as written),
+    """Rewrite below `node` first (not into negated or dependency subschemas: logic reads them as written),
     then node's own `oneOf` and `if`. `orig` is the same place in the original schema; `roots` (closed, original)."""
     if isinstance(node, list) and isinstance(orig, list):
         for n, o in zip(node, orig):

@@ -5,7 +5,7 @@ outlines_core turns a schema into a regex by dispatching on ONE keyword per node
 else the node says. A keyword it ignores while it constrains instances (`minimum`, `not`,
 `uniqueItems`, a sibling of `$ref`, ...) would let the model emit JSON that fails the schema, so
 `prepare_schema` raises ConstraintError naming the keyword and its JSON path instead. The schema is
-first normalised (schema_normalise.py) so that as much as possible is expressible.
+first normalised (normalise.py) so that as much as possible is expressible.
 """
 
 from __future__ import annotations

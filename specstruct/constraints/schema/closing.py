@@ -19,10 +19,10 @@ def close_objects(node: Any, in_all_of: bool = False, one_of: bool = False, root
     structured outputs and outlines do): an open object would let the model invent keys. Every generated value
     still validates; valid instances with undeclared keys are rejected (documented in docs/conformance.md).
     `allOf` members and `then`/`else` stay open: each adds properties to the others. Negated, dependency and `if`
-    subschemas are left as written (schema_logic/schema_branches rewrite them): closing inside a `not` would widen it.
+    subschemas are left as written (logic/branches rewrite them): closing inside a `not` would widen it.
     So are `oneOf` branches unless `one_of`: exactly-one negates the other branches, and a closed branch would let
     an instance with an undeclared key match one more (llguidance then proves closed branches disjoint that are not).
-    With `one_of`, schema_branches puts closed branches only where they are positive (and restores the rest).
+    With `one_of`, branches puts closed branches only where they are positive (and restores the rest).
     An object with anyOf/oneOf branches is closed to its own keys and its branches' keys, and a branch it closes to
     the branch's keys and the object's own: each key is still checked by whichever declares it."""
     if isinstance(node, list):

@@ -1,7 +1,7 @@
 """`propertyNames`, which llguidance does not implement, as the object keywords it does, where that is exact.
 
 Pydantic writes it for every dict keyed by a Literal or an Enum (`dict[Literal["a", "b"], int]` has
-`"propertyNames": {"enum": ["a", "b"]}`), and for dict[int, ...] specstruct adds a pattern (output_types); without
+`"propertyNames": {"enum": ["a", "b"]}`), and for dict[int, ...] specstruct adds a pattern (types/output.py); without
 this those types were refused. On an object node:
 
 - `propertyNames: {enum: [...]}` (or `const`): the listed keys become optional `properties` with the schema each

@@ -1,5 +1,5 @@
 """The JSON schema of one tool call, `{"name": <a bound tool>, "arguments": <that tool's parameters>}`, as the tool
-grammar (tools.py) embeds it with llguidance's `%json`. Each tool's parameters are prepared exactly as a
+grammar (grammar.py) embeds it with llguidance's `%json`. Each tool's parameters are prepared exactly as a
 `response_format` schema is (same coverage, ConstraintError naming the tool, keyword and path); parameters that use
 `$ref` keep their pointers valid."""
 

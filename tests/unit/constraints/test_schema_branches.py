@@ -1,4 +1,4 @@
-"""`if`/`then`/`else` and overlapping `oneOf` rewritten into exact positive schemas (constraints/schema_branches.py):
+"""`if`/`then`/`else` and overlapping `oneOf` rewritten into exact positive schemas (constraints/schema/branches.py):
 each form compiles through llguidance, accepts what the ORIGINAL schema accepts (an instance matching two oneOf
 branches is rejected), and random walks end only in instances the original schema validates; forms whose negation
 has no exact positive form stay refused, naming the keyword and path."""

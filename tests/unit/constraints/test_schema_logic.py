@@ -1,4 +1,4 @@
-"""`not` and `dependencies` rewritten into exact positive schemas (constraints/schema_logic.py): each form compiles
+"""`not` and `dependencies` rewritten into exact positive schemas (constraints/schema/logic.py): each form compiles
 through llguidance, accepts what the ORIGINAL schema accepts, rejects what it rejects, and random walks of the
 automaton end only in instances the original schema validates; forms without an exact rewrite stay refused."""
 

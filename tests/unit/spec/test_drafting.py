@@ -1,4 +1,4 @@
-"""The draft model's arbitration of free candidates (draft_batch.py): it keeps the hint's prefix it agrees with,
+"""The draft model's arbitration of free candidates (proposers/draft_model.py): it keeps the hint's prefix it agrees with,
 continues with its own tokens, and leaves its cache exactly as a fresh draft fed the same tokens would have it."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _free(tok, rt):
 
 
 def _draft(tok, rt, state, context, k, hint=()):
-    """One row's drafting through the batched drafter (draft_batch.run_drafts)."""
+    """One row's drafting through the batched drafter (draft_model.run_drafts)."""
     job = Job(state, list(context), _free(tok, rt), k, 0.0, None, hint=list(hint))
     run_drafts(rt, [job], {tok.eos_token_id}, [])
     assert job.error is None
