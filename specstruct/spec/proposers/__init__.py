@@ -3,6 +3,6 @@ verifies them. `forced` and `lookup` cost nothing to draft; `model` runs a small
 
 from specstruct.spec.proposers.forced import ForcedTextDrafter
 from specstruct.spec.proposers.lookup import PromptLookupDrafter
-from specstruct.spec.proposers.model import DraftModelDrafter
+from specstruct.spec.proposers.draft_model import DraftModelDrafter
 
 __all__ = ["ForcedTextDrafter", "PromptLookupDrafter", "DraftModelDrafter"]

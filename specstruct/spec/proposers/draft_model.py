@@ -36,6 +36,17 @@ from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.spec.verify import distribution, greedy_token, sample
 
 
+
+class DraftModelDrafter:
+    """The draft model among the proposers: names it for the policy ("model") and holds its runtime. Unlike forced
+    text and prompt lookup it proposes for every row of a batch at once (`run_drafts` below)."""
+
+    name = "model"
+
+    def __init__(self, runtime: ModelRuntime, eos_token_ids: Sequence[int] = ()):
+        self.runtime = runtime
+        self.eos = set(eos_token_ids)
+
 class DraftState:
     """What one row's draft cache holds."""
 
