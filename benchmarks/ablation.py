@@ -68,7 +68,7 @@ class StepTimer:
             self.t[name] += time.perf_counter() - self._t0[name]
 
     def wrap_draft(self, runtime: Any) -> None:
-        for fn in ("prefill", "extend", "forward"):  # forward: the packed passes of proposers/draft_model.py
+        for fn in ("forward",):  # the packed passes of proposers/draft_model.py
             inner = getattr(runtime, fn)
 
             def timed(*a: Any, _inner: Any = inner, _fn: str = fn, **kw: Any) -> Any:

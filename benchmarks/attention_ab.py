@@ -19,6 +19,7 @@ import time
 import torch
 
 from specstruct.runtime import packed
+from specstruct.testing import OneSequence
 
 SIDES = ("cpp", "torch")
 
@@ -27,7 +28,7 @@ def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, f
     """(k, C++ median s, torch ops median s, max |logit difference|) per k."""
     from specstruct.runtime.model_runtime import ModelRuntime
 
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache + max(ks),), generator=gen).tolist()
     rt.prefill(ids[:cache], reuse=False)

@@ -23,6 +23,7 @@ import torch
 
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft, restore_stock
+from specstruct.testing import OneSequence
 
 KS = (1, 2, 4, 8, 9)
 NUMERICS = {"stock": "stock", "row-invariant, oneDNN": "onednn", "row-invariant, fixed-order": "fixed",
@@ -38,7 +39,7 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
     with fixed_linear.using(NUMERICS[numerics]):  # read when the runtime packs the weights
         if numerics.startswith("int8"):
             model = quantize_draft(model, torchao="torch.ao" in numerics)
-        rt = ModelRuntime(model, row_invariant=(numerics != "stock"))
+        rt = OneSequence(model, row_invariant=(numerics != "stock"))
     vocab = rt.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, min(vocab, 50_000), (cache_len,), generator=gen).tolist()
@@ -86,7 +87,7 @@ def prefill_cost(model, tokens: int, repeats: int = 3) -> dict[str, float]:
             t0 = time.perf_counter()
             model(input_ids=torch.tensor([ids]), logits_to_keep=1)
             stock.append(time.perf_counter() - t0)
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     out = {"stock one block": statistics.median(stock)}
     for chunk in (IDLE_PREFILL, 32):
         rt.prefill_chunk, times = chunk, []

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specstruct.runtime import fixed_linear, native
+from specstruct.testing import OneSequence
 
 SOURCE = "specstruct/runtime/csrc/fixed_linear.cpp"
 
@@ -47,7 +48,7 @@ def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float,
     """(k, this tree's median s, the other's median s, logits bitwise equal) per k."""
     from specstruct.runtime.model_runtime import ModelRuntime
 
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     sides = (("this", contextlib.nullcontext), ("other", lambda: fixed_linear.running(other)))
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (300,), generator=torch.Generator().manual_seed(1)).tolist()
     rt.prefill(ids, reuse=False)

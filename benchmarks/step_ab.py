@@ -16,6 +16,7 @@ import statistics
 import time
 
 import torch
+from specstruct.testing import OneSequence
 
 
 def stock_forward(model, cache, ids: list[int], cache_arg: str) -> torch.Tensor:
@@ -31,7 +32,7 @@ def compare(stock, ours, cache_len: int, repeats: int) -> tuple[float, float, fl
 
     from specstruct.runtime.model_runtime import ModelRuntime, cache_kwarg
 
-    rt, cache_arg = ModelRuntime(ours), cache_kwarg(stock)  # looked up once, outside the timed steps
+    rt, cache_arg = OneSequence(ours), cache_kwarg(stock)  # looked up once, outside the timed steps
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache_len + 1,), generator=gen).tolist()
     cache = DynamicCache(config=stock.config)

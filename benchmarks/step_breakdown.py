@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from specstruct.testing import OneSequence
 
 
 @contextlib.contextmanager
@@ -49,7 +50,7 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     from specstruct.runtime import packed
     from specstruct.runtime.model_runtime import ModelRuntime
 
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     vocab = rt.vocab_size
     rt.prefill([(100 + i) % vocab for i in range(cache)], reuse=False)
     head = model.get_output_embeddings()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from specstruct.testing import OneSequence
 
 
 def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repeats: int) -> tuple[dict, str, Path]:
@@ -28,7 +29,7 @@ def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repe
     from specstruct.models.loading import gguf_file, resolve
 
     m, _ = load_model(model, weights=weights)
-    rt = ModelRuntime(m)
+    rt = OneSequence(m)
     seq = rt.sequence()
     rt.forward([(seq, list(range(1000, 1000 + cache)))], [1])
     ms = {}

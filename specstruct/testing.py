@@ -240,3 +240,54 @@ def write_gguf(model, path, quant: str = "Q8_0"):
     writer.write_tensors_to_file()
     writer.close()
     return stands_for
+
+
+class OneSequence:
+    """One KV sequence on a ModelRuntime, for tests and probes: prefill (through a prefix cache when one is set) /
+    extend / crop, each a call of the runtime's own packed `forward`. Anything else is the runtime's."""
+
+    prefix_cache = None  # a PrefixCache to reuse prefixes through (runtime.kv.prefill.cached_prefill)
+
+    def __init__(self, model_or_runtime, **runtime_options):
+        from specstruct.runtime.model_runtime import ModelRuntime
+
+        self.runtime = model_or_runtime if isinstance(model_or_runtime, ModelRuntime) \
+            else ModelRuntime(model_or_runtime, **runtime_options)
+        self.seq = None
+        self.cached_tokens = 0
+        self.prefill_chunk = 32  # results do not depend on it (row-wise attention, row-invariant linears)
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    @property
+    def cache(self):
+        return None if self.seq is None else self.seq.cache
+
+    @property
+    def length(self) -> int:
+        return 0 if self.seq is None else self.seq.length
+
+    def prefill(self, ids, *, cache_salt=None, reuse: bool = True) -> torch.Tensor:
+        """Start the sequence on `ids` (reusing the longest cached prefix where exact); logits after the last id."""
+        from specstruct.runtime.kv.prefill import cached_prefill
+
+        cache = self.prefix_cache if reuse and self.runtime.reuses_prefixes else None
+        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
+                                                    chunk=self.prefill_chunk)
+        return logits
+
+    def start(self, layers: list, length: int) -> None:
+        self.seq = self.runtime.sequence(layers, length)
+
+    def kv_layers(self) -> list:
+        return self.seq.views()
+
+    def extend(self, ids, *, last_only: bool = False) -> torch.Tensor:
+        """Append tokens; their logits [len(ids), vocab] (float32), or [1, vocab] with `last_only`."""
+        if self.seq is None:
+            raise RuntimeError("call prefill() before extend()")
+        return self.runtime.forward([(self.seq, ids)], [1 if last_only else len(ids)])[0]
+
+    def crop(self, length: int) -> None:
+        self.seq.crop(length)

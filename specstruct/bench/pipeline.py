@@ -128,7 +128,9 @@ def chunking_cost(runtime: Any, ids: list[int], repeats: int = 3) -> dict[str, A
     """Prefill `ids` cold on the engine's own (row-invariant) runtime, alternating one block and `prefill_chunk`-token
     chunks. Against transformers' stock forward: `python -m benchmarks.forward_cost --prefill N`."""
     from specstruct.runtime.kv.prefill import chunked_extend
+    from specstruct.testing import OneSequence
 
+    runtime = OneSequence(runtime)  # one sequence over the runtime's packed forward
     times: dict[str, list[float]] = {"one_block": [], "chunked": []}
     for r in range(repeats):
         for how in (("one_block", "chunked") if r % 2 == 0 else ("chunked", "one_block")):

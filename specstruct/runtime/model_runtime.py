@@ -34,7 +34,6 @@ from typing import Sequence
 import torch
 
 from specstruct.models.loading import output_rows
-from specstruct.runtime.kv.prefill import cached_prefill
 from specstruct.runtime import fixed_linear, quantized
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
@@ -157,12 +156,9 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-PREFILL_CHUNK = 32  # single-sequence prefill chunk (results do not depend on it: row-wise attention)
-
-
 class ModelRuntime:
-    """A transformers causal LM with per-sequence KV caches: packed ragged passes over many sequences
-    (packed.py), plus one default sequence for the single-sequence calls prefill / extend / crop."""
+    """A transformers causal LM with per-sequence KV caches: packed ragged passes over many sequences (packed.py).
+    The spec layer's BatchDecoder is its one caller; `specstruct.testing.OneSequence` drives one sequence for tests."""
 
     def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
         self.model = model.eval()
@@ -176,15 +172,12 @@ class ModelRuntime:
         # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
         # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
         self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
-        self.seq: KVSequence | None = None
         # runtime/kv: a prefix cache (set by the API) reused where prefill results do not depend on where a
         # cached prefix ends: row-invariant numerics (linears) and the packed row-wise attention
-        self.prefix_cache, self.cache_key, self.cached_tokens = None, (id(model), self.numerics), 0
+        self.prefix_cache, self.cache_key = None, (id(model), self.numerics)
         self.reuses_prefixes = self.row_invariant and self.packed
-        self.prefill_chunk = PREFILL_CHUNK
         self._cache_arg = cache_kwarg(model)
 
-    # -- many sequences -------------------------------------------------------------------------------------
     def sequence(self, layers: list | None = None, length: int = 0) -> KVSequence:
         """A new sequence (its own KV cache) for `forward`: empty, or holding a copy of `layers`."""
         return KVSequence(self.model.config, layers, length)
@@ -204,38 +197,3 @@ class ModelRuntime:
                          use_cache=True, logits_to_keep=max(want, 1), **{self._cache_arg: seq.cache})
         seq.length += n
         return out.logits[0, out.logits.shape[1] - want :].float()
-
-    # -- one default sequence -------------------------------------------------------------------------------
-    @property
-    def cache(self):
-        return None if self.seq is None else self.seq.cache
-
-    @property
-    def length(self) -> int:
-        return 0 if self.seq is None else self.seq.length
-
-    def prefill(self, ids: Sequence[int], *, cache_salt: str | None = None, reuse: bool = True) -> torch.Tensor:
-        """Start a new sequence, reusing the longest cached prefix of `ids` where that is exact (kv/prefill.py);
-        returns the logits after the last prompt token, shape [vocab]. `cached_tokens` says how many were reused."""
-        cache = self.prefix_cache if reuse and self.reuses_prefixes else None
-        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
-                                                    chunk=self.prefill_chunk)
-        return logits
-
-    def start(self, layers: list, length: int) -> None:
-        """Begin the default sequence holding `layers` (copied) of `length` positions."""
-        self.seq = self.sequence(layers, length)
-
-    def kv_layers(self) -> list:
-        """The default sequence's KV as views (KVSequence.views): copy what you keep."""
-        return self.seq.views()
-
-    def extend(self, ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        """Append tokens; returns their logits, shape [len(ids), vocab] (float32); [1, vocab] with `last_only`."""
-        if self.seq is None:
-            raise RuntimeError("call prefill() before extend()")
-        return self.forward([(self.seq, ids)], [1 if last_only else len(ids)])[0]
-
-    def crop(self, length: int) -> None:
-        """Forget cached positions from `length` on."""
-        self.seq.crop(length)

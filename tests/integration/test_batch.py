@@ -17,6 +17,7 @@ from specstruct.spec.batch import BatchDecoder
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 
 from test_speculative import PROMPTS, SPECS, _compile, _engine
+from specstruct.testing import OneSequence
 
 KINDS = list(SPECS)  # json, regex, choice, grammar, text, code
 
@@ -26,7 +27,7 @@ def _ids(tok, prompt):
 
 
 def test_row_logits_are_bitwise_the_same_alone_or_packed(tok, target):
-    rt = ModelRuntime(target)
+    rt = OneSequence(target)
     rng = random.Random(0)
     prompts = [_ids(tok, p) for p in PROMPTS] + [_ids(tok, p)[:n] for p, n in zip(PROMPTS, (5, 9, 17, 3))]
     mine = _ids(tok, PROMPTS[1])

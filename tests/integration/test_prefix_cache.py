@@ -17,6 +17,7 @@ from specstruct.runtime.kv.prefill import resume
 from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.errors import KVMemoryError
+from specstruct.testing import OneSequence
 
 TEXT = ("Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON. "
         "The quick brown fox jumps over the lazy dog. Ada Lovelace wrote the first program in 1843. "
@@ -42,7 +43,7 @@ def _same_kv(a, b):
 def runtime(request, target, close_draft):
     model = ({"target": target, "draft-float32": close_draft}.get(request.param)
              or quantize_draft(close_draft, torchao=request.param.endswith("torchao")))
-    return ModelRuntime(model)
+    return OneSequence(model)
 
 
 @pytest.mark.parametrize("seed_with", ["exact", "shorter", "longer", "divergent"])
@@ -178,7 +179,7 @@ def test_same_output_type_shares_the_whole_prompt_up_to_the_users_text(tok, targ
 
 @pytest.mark.parametrize("damage", [None, "delete"])
 def test_spill_and_resume_continue_exactly(tok, target, tmp_path, damage):
-    rt = ModelRuntime(target)
+    rt = OneSequence(target)
     ids = tok.encode(TEXT, add_special_tokens=False)
     prompt, generated, rest = ids[:40], ids[40:55], ids[55:70]
     rt.prefill(prompt)

@@ -9,6 +9,7 @@ from specstruct.runtime import fixed_linear
 from specstruct.runtime.draft_int8 import Int8Linear
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.testing import tiny_model
+from specstruct.testing import OneSequence
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def test_quantize_draft_uses_the_kernel_and_keeps_torch_ao_on_request(tok):
     assert not any(isinstance(m, torch.nn.Linear) for m in ours.modules())
     assert all(isinstance(p, torch.nn.Parameter) and not isinstance(p, fixed_linear.PackedWeight)
                for p in model.parameters())  # the source model is untouched
-    full, q8 = ModelRuntime(model).prefill(ids), ModelRuntime(ours).prefill(ids)
+    full, q8 = OneSequence(model).prefill(ids), OneSequence(ours).prefill(ids)
     assert torch.argmax(full) == torch.argmax(q8) and ((q8 - full).norm() / full.norm()) < 0.05
 
 
@@ -66,6 +67,6 @@ def test_the_weight_only_draft_counts_as_row_invariant_and_torch_ao_does_not(tok
     """So seeded sampling rows share the batched draft passes, and the draft's prompt KV is reused from the prefix
     cache, with the default int8 draft; torch.ao's (per-tensor activation scale) keeps both off."""
     model = tiny_model(tok, seed=11)
-    ours, ao = ModelRuntime(quantize_draft(model)), ModelRuntime(quantize_draft(model, torchao=True))
+    ours, ao = OneSequence(quantize_draft(model)), OneSequence(quantize_draft(model, torchao=True))
     assert ours.row_invariant and ours.reuses_prefixes
     assert not ao.row_invariant and not ao.reuses_prefixes

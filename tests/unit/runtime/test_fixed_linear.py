@@ -9,6 +9,7 @@ from specstruct.runtime import fixed_linear, native
 from specstruct.runtime.fixed_linear import PanelWeight, fixed_linear_forward
 from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_model
+from specstruct.testing import OneSequence
 
 
 @pytest.fixture(autouse=True)
@@ -57,12 +58,12 @@ def test_panel_weight_keeps_the_plain_shape_and_values():
 
 def test_the_runtime_names_the_kernel_and_falls_back_to_onednn_where_it_cannot_be_built(tok, monkeypatch):
     ids = [5, 6, 7, 8]
-    fixed = ModelRuntime(tiny_model(tok, seed=3))
+    fixed = OneSequence(tiny_model(tok, seed=3))
     assert "fixed-order linear, 15 of 15 weights packed" in fixed.numerics and fixed.row_invariant
     expected = fixed.prefill(ids)
     monkeypatch.setattr(fixed_linear._KERNEL, "module", None)
     monkeypatch.setattr(fixed_linear._KERNEL, "error", "the fixed-order kernel could not be built (no compiler)")
-    fallback = ModelRuntime(tiny_model(tok, seed=3))
+    fallback = OneSequence(tiny_model(tok, seed=3))
     assert "oneDNN linear >=2 rows (the fixed-order kernel could not be built (no compiler))" in fallback.numerics
     assert fallback.row_invariant
     # a different kernel, so not the same bits, but the same model: the same logits to float32 precision

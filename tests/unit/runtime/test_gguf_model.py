@@ -11,6 +11,7 @@ from specstruct.runtime import quantized
 from specstruct.runtime.gguf_model import load_quantized
 from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_llama, tiny_model, write_gguf
+from specstruct.testing import OneSequence
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
@@ -38,7 +39,7 @@ def test_every_linear_and_the_embedding_stay_quantized(pair):
     assert not any(isinstance(m, torch.nn.Linear) for m in loaded.modules())
     assert isinstance(loaded.get_input_embeddings(), quantized.QuantEmbedding)
     assert quantized.describe(loaded).startswith("Q8_0")
-    assert "Q8_0" in ModelRuntime(loaded).numerics and "row-invariant" in ModelRuntime(loaded).numerics
+    assert "Q8_0" in OneSequence(loaded).numerics and "row-invariant" in OneSequence(loaded).numerics
 
 
 def test_logits_are_the_float_models_within_int8_activation_rounding(pair, tok):
@@ -52,7 +53,7 @@ def test_logits_are_the_float_models_within_int8_activation_rounding(pair, tok):
 
 def test_a_tokens_logits_are_the_same_bits_batched_cut_or_alone(pair, tok):
     _, loaded = pair
-    rt = ModelRuntime(loaded)
+    rt = OneSequence(loaded)
     ids = tok.encode('{"name": "Ada Lovelace", "age": 36, "tags": ["math", "code"], "ok": true}',
                      add_special_tokens=False)
     alone = rt.sequence()

@@ -13,6 +13,7 @@ from specstruct.runtime import linear
 from specstruct.runtime.linear import PackedWeight, PackedWeightError, onednn_linear_forward, unpack_linears
 from specstruct.runtime.model_runtime import ModelRuntime, make_row_invariant, quantize_draft, restore_stock
 from specstruct.testing import perturbed, tiny_model
+from specstruct.testing import OneSequence
 
 TEXT = '{"name": "Ada Lovelace", "age": 36, "tags": ["math", "code"]}'
 
@@ -23,7 +24,7 @@ def _weights(model):
 
 def _decode(model, ids):
     """Prefill a prompt, then one token at a time: logits after every position."""
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     return torch.stack([rt.prefill(ids[:3])] + [rt.extend([t])[0] for t in ids[3:]])
 
 
@@ -48,7 +49,7 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
     model = tiny_model(tok, seed=5)
     before = _weights(model)
     ids = tok.encode(TEXT, add_special_tokens=False)
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     packed_words = "15 of 15 weights packed" if linear_kernel == "fixed" else "15 of 15 weights prepacked"
     assert packed_words in rt.numerics and ("fixed-order" in rt.numerics) == (linear_kernel == "fixed")
     assert len(_packed(model)) == 15
@@ -70,7 +71,7 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
 def test_weights_tied_to_the_embeddings_stay_plain(tok, linear_kernel):
     model = tiny_model(tok, seed=6)
     model.lm_head.weight = model.model.embed_tokens.weight
-    ModelRuntime(model)
+    OneSequence(model)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert not isinstance(model.lm_head.weight, PackedWeight) and len(_packed(model)) == 14
 
@@ -82,7 +83,7 @@ def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
 
     monkeypatch.setattr(linear, "_reorder", refuse)
     model = tiny_model(tok, seed=7)
-    rt = ModelRuntime(model)
+    rt = OneSequence(model)
     assert "0 of 15 weights prepacked (prepacking failed: RuntimeError)" in rt.numerics and rt.row_invariant
     assert not _packed(model) and rt.prefill([1, 2, 3]).shape == (rt.vocab_size,)
 
@@ -90,7 +91,7 @@ def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
 def test_quantize_draft_of_a_prepacked_model(tok, linear_kernel):
     model = tiny_model(tok, seed=8)
     plain_q = quantize_draft(copy.deepcopy(model))
-    ModelRuntime(model)
+    OneSequence(model)
     q = quantize_draft(model)
     assert len(_packed(model)) == 15  # the source keeps its packed weights
     ids = tok.encode(TEXT, add_special_tokens=False)

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from specstruct.runtime.load_memory import file_ranges, in_file, own_mapped_tensors, trim_heap
 from specstruct.runtime.model_runtime import ModelRuntime, make_row_invariant
 from specstruct.testing import tiny_model, tiny_tokenizer
+from specstruct.testing import OneSequence
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 
@@ -47,7 +48,7 @@ def test_prepacking_releases_the_weights_file_and_keeps_values_and_ties(mapped_m
     assert mapped_model.lm_head.weight is mapped_model.model.embed_tokens.weight  # still one tied Parameter
     after = mapped_model.state_dict()  # packed weights give their plain values here
     assert values.keys() == after.keys() and all(torch.equal(values[k], after[k]) for k in values)
-    ModelRuntime(mapped_model).prefill(list(range(5, 25)))  # and it still decodes
+    OneSequence(mapped_model).prefill(list(range(5, 25)))  # and it still decodes
 
 
 def test_own_mapped_tensors_changes_nothing_for_a_model_in_memory():

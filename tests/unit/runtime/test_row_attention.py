@@ -8,6 +8,7 @@ import torch
 from specstruct.runtime import packed
 from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_model
+from specstruct.testing import OneSequence
 
 
 @pytest.fixture
@@ -63,10 +64,10 @@ def test_strided_queries_and_extreme_scores(kernel):
 
 def test_the_runtime_names_the_attention_and_keeps_it(tok, kernel, monkeypatch):
     ids = [5, 6, 7, 8, 9]
-    cpp = ModelRuntime(tiny_model(tok, seed=4))
+    cpp = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in C++" in cpp.numerics
     monkeypatch.setenv("SPECSTRUCT_ATTENTION", "torch")
-    torch_ops = ModelRuntime(tiny_model(tok, seed=4))
+    torch_ops = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in torch ops" in torch_ops.numerics
     torch.testing.assert_close(cpp.prefill(ids), torch_ops.prefill(ids), rtol=1e-4, atol=1e-4)
     again = cpp.extend([10, 11])  # the env changed: a model keeps the attention its cache was built with
@@ -80,6 +81,6 @@ def test_the_runtime_names_the_attention_and_keeps_it(tok, kernel, monkeypatch):
 def test_without_the_kernel_attention_runs_as_torch_ops(tok, monkeypatch):
     monkeypatch.setattr(packed._KERNEL, "module", None)
     monkeypatch.setattr(packed._KERNEL, "error", "the row-wise attention kernel could not be built (no compiler)")
-    rt = ModelRuntime(tiny_model(tok, seed=4))
+    rt = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in torch ops" in rt.numerics and rt.row_invariant
     rt.prefill([5, 6, 7])

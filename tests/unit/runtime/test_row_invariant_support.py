@@ -13,6 +13,7 @@ import torch
 import transformers as tf
 
 from specstruct.runtime import packed, model_runtime as rt
+from specstruct.testing import OneSequence
 
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)
@@ -51,7 +52,7 @@ def _stock(model) -> torch.Tensor:
 
 
 def _runtime(model) -> tuple[torch.Tensor, str]:
-    runtime = rt.ModelRuntime(model)
+    runtime = OneSequence(model)
     rows = [runtime.prefill(IDS[:6]).unsqueeze(0), runtime.extend(IDS[6:9]), runtime.extend(IDS[9:])]
     return torch.cat(rows)[-6:], runtime.numerics
 
@@ -81,7 +82,7 @@ def test_stock_numerics_with_a_reason_where_row_wise_is_not_exact(name):
     for sub in model.modules():
         if hasattr(getattr(sub, "config", None), "_attn_implementation"):
             sub.config._attn_implementation = packed.ATTN_NAME
-    runtime = rt.ModelRuntime(model, row_invariant=False)
+    runtime = OneSequence(model, row_invariant=False)
     rows = [runtime.prefill(IDS[:6]).unsqueeze(0), runtime.extend(IDS[6:9]), runtime.extend(IDS[9:])]
     forced = torch.cat(rows)[-6:]
     assert not torch.allclose(forced, expected, atol=1e-4, rtol=1e-4)

@@ -4,6 +4,7 @@ import torch
 
 from specstruct.runtime.model_runtime import ModelRuntime, restore_stock
 from specstruct.testing import tiny_model
+from specstruct.testing import OneSequence
 
 
 def _one_by_one(rt, prompt, rest):
@@ -14,7 +15,7 @@ def _one_by_one(rt, prompt, rest):
 def test_logits_do_not_depend_on_other_tokens_in_the_pass(tok, target):
     """Row invariance: a token's logits are bitwise the same whether it is verified alone or among others,
     including after crops that drop rejected tokens. This is what makes greedy speculation lossless."""
-    rt = ModelRuntime(target)
+    rt = OneSequence(target)
     ids = tok.encode('{"name": "Ada Lovelace", "age": 36, "tags": ["math", "code"], "ok": true}',
                      add_special_tokens=False)
     prompt, rest = ids[:4], ids[4:]
@@ -38,7 +39,7 @@ def test_row_invariant_numerics_match_stock_model_closely(tok):
     ids = tok.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False)
     with torch.no_grad():
         stock = m(torch.tensor([ids])).logits[0]
-    rt = ModelRuntime(m)
+    rt = OneSequence(m)
     assert "row-invariant" in rt.numerics
     ours = torch.stack([rt.prefill(ids[:1])] + [rt.extend([t])[0] for t in ids[1:]])
     assert torch.allclose(ours, stock, atol=1e-4)
@@ -49,7 +50,7 @@ def test_row_invariant_numerics_match_stock_model_closely(tok):
 
 
 def test_crop_and_length(tok, target):
-    rt = ModelRuntime(target)
+    rt = OneSequence(target)
     rt.prefill([1, 2, 3])
     rt.extend([4, 5])
     assert rt.length == 5

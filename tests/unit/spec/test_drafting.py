@@ -13,6 +13,7 @@ from specstruct.constraints.compiler import compile_constraint
 from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.spec.speculator import Speculator
 from specstruct.runtime.model_runtime import ModelRuntime
+from specstruct.testing import OneSequence
 
 TEXT = "def add(a, b):\n    return a + b\n"
 
@@ -37,7 +38,7 @@ def _own(tok, rt, context, k):
 
 @pytest.mark.parametrize("wrong_at", [0, 2, None])
 def test_hint_prefix_kept_where_the_draft_agrees(tok, close_draft, wrong_at):
-    rt = ModelRuntime(close_draft)
+    rt = OneSequence(close_draft)
     context = tok.encode(TEXT, add_special_tokens=False)[:6]
     own = _own(tok, rt, context, 6)
     hint = list(own[:4])
@@ -72,7 +73,7 @@ def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, ar
 
 
 def test_draft_stops_after_a_token_it_doubts(tok, close_draft):
-    rt = ModelRuntime(close_draft)
+    rt = OneSequence(close_draft)
     context = tok.encode(TEXT, add_special_tokens=False)[:6]
     own = _own(tok, rt, context, 6)
     doubtful = Job(DraftState(rt), list(context), _free(tok, rt), 6, 0.0, None, confidence=0.999999)
@@ -131,7 +132,7 @@ def _json(tok, rt, schema):
 def test_forced_tokens_join_the_draft_without_a_draft_pass(tok, close_draft, temperature):
     """Where the constraint allows exactly one token, the draft takes it without a pass of its own (it is fed with
     the next pass): the same tokens as drafting every position, in fewer passes, marked as forced runs."""
-    rt = ModelRuntime(close_draft)
+    rt = OneSequence(close_draft)
     schema = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Ada Lovelace"]},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
