@@ -183,8 +183,9 @@ class QuantWeight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] float32 -> [M, out]."""
         f = self.fmt
-        return kernel().linear(x, self.packed, self.scales, self.mins, self.subscales, self.submins,
-                               self.out_features, f.group, f.bits, f.zero, f.gps, bias)
+        return (_KERNEL.module or kernel()).linear(x, self.packed, self.scales, self.mins, self.subscales,
+                                                   self.submins, self.out_features, f.group, f.bits, f.zero, f.gps,
+                                                   bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
@@ -254,10 +255,13 @@ class QuantLinear(torch.nn.Module):
             self.register_buffer(name, t)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32).contiguous())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
-        y = self.qweight.linear(rows, self.bias)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # called ~200 times a decode step: no needless ops
+        if x.dtype != torch.float32:
+            x = x.float()
+        if x.dim() == 2:
+            return self.qweight.linear(x, self.bias)
+        y = self.qweight.linear(x.reshape(-1, x.shape[-1]), self.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.fmt.name}"

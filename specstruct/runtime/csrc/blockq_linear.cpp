@@ -78,28 +78,77 @@ static inline float min_at(const Format& f, const Scales& s, int64_t g, int o) {
 
 static inline int64_t group_bytes(const Format& f) { return (int64_t)f.G * NO * f.bits / 8; }
 
-// x [M, K] float32 -> int8 [M, K], scale [M, K/G], sum [M, K/G].
-static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q, float* s, int32_t* a) {
+// One group of G inputs -> int8 q, scale s = max|x|/127, sum A of q (all zero, scale NaN, when an input is NaN or
+// infinite: its outputs are NaN, as in float).
+static inline void quantize_group(const float* xg, int G, int8_t* qg, float* s, int32_t* a) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int i = 0; i < G; ++i) {
+    amax = std::max(amax, std::fabs(xg[i]));
+    finite = finite && std::isfinite(xg[i]);
+  }
+  int32_t sum = 0;
+  if (!finite) {
+    std::memset(qg, 0, G);
+  } else {
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int i = 0; i < G; ++i) {
+      const int v = (int)std::nearbyint(xg[i] * inv);  // to nearest, ties to even
+      qg[i] = (int8_t)std::max(-127, std::min(127, v));
+      sum += qg[i];
+    }
+  }
+  *s = finite ? amax / 127.f : NAN;
+  *a = sum;
+}
+
+#ifdef SPECSTRUCT_VNNI
+// quantize_group for G a multiple of 16, 16 inputs per vector: the same values (the max is exact, x * inv is one
+// float multiply as there, and the conversion rounds to nearest even as nearbyint does).
+static inline void quantize_group_vnni(const float* xg, int G, int8_t* qg, float* s, int32_t* a) {
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (int i = 0; i < G; i += 16) {
+    const __m512 v = _mm512_loadu_ps(xg + i);
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+    bad |= _mm512_fpclass_ps_mask(v, 0x01 | 0x80 | 0x08 | 0x10);  // NaN (quiet, signalling), +inf, -inf
+  }
+  if (bad) {
+    std::memset(qg, 0, G);
+    *s = NAN;
+    *a = 0;
+    return;
+  }
+  const float amax = _mm512_reduce_max_ps(vmax);
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m512i sum = _mm512_setzero_si512();
+  for (int i = 0; i < G; i += 16) {
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + i), inv));  // MXCSR: to nearest, ties to even
+    v = _mm512_max_epi32(_mm512_set1_epi32(-127), _mm512_min_epi32(_mm512_set1_epi32(127), v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qg + i), _mm512_cvtepi32_epi8(v));
+    sum = _mm512_add_epi32(sum, v);
+  }
+  *s = amax / 127.f;
+  *a = _mm512_reduce_add_epi32(sum);
+}
+#endif
+
+// x [M, K] float32 -> int8 [M, K], scale [M, K/G], sum [M, K/G]; `vector`: 16 inputs at a time where built (the
+// same values).
+static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q, float* s, int32_t* a,
+                          bool vector) {
   const int64_t ng = K / G;
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t g = 0; g < ng; ++g) {
-        const float* xg = x + r * K + g * G;
-        float amax = 0.f;
-        for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(xg[i]));
-        bool finite = true;
-        for (int i = 0; i < G; ++i) finite = finite && std::isfinite(xg[i]);
-        const float scale = finite ? amax / 127.f : NAN;  // a NaN or inf input makes its outputs NaN, as in float
-        const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
-        int32_t sum = 0;
-        int8_t* qg = q + r * K + g * G;
-        for (int i = 0; i < G; ++i) {
-          const int v = (int)std::nearbyint(xg[i] * inv);
-          qg[i] = (int8_t)std::max(-127, std::min(127, v));
-          sum += qg[i];
+        const int64_t at = r * K + g * G;
+#ifdef SPECSTRUCT_VNNI
+        if (vector && G % 16 == 0) {
+          quantize_group_vnni(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
+          continue;
         }
-        s[r * ng + g] = scale;
-        a[r * ng + g] = sum;
+#endif
+        quantize_group(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
       }
   });
 }
@@ -153,7 +202,7 @@ static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (ex
 
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
 static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
-                       const int8_t* __restrict q, const float* __restrict s, const int32_t* __restrict a, int64_t K,
+                       const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_, int64_t K,
                        int zero, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
@@ -204,22 +253,16 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
     }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const int8_t* qg = q + r * K + g * G;
+      const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);  // 4 int8 inputs per word
       __m512i dot = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int i = 0; i < QUADS; ++i) {
-        int32_t four;
-        std::memcpy(&four, qg + 4 * i, 4);
-        dot = _mm512_dpbusd_epi32(dot, wv[i], _mm512_set1_epi32(four));
-      }
-      const float sa = s[r * ng + g];
-      const int32_t A = a[r * ng + g];
-      if constexpr (!AFFINE) {
-        dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(zero * A));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, _mm512_set1_ps(sa)), acc[r]);
+      for (int i = 0; i < QUADS; ++i) dot = _mm512_dpbusd_epi32(dot, wv[i], _mm512_set1_epi32(qg[i]));
+      const __m512 sa = _mm512_set1_ps(s[r * ng + g]), fa = _mm512_set1_ps(fa_[r * ng + g]);
+      if constexpr (!AFFINE) {  // float(D) - float(z*A) is float(D - z*A) exactly: integers below 2^24
+        acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(dot), fa), _mm512_mul_ps(dv, sa), acc[r]);
       } else {
-        const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, _mm512_set1_ps((float)A)));
-        acc[r] = _mm512_fmadd_ps(inner, _mm512_set1_ps(sa), acc[r]);
+        const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, fa));
+        acc[r] = _mm512_fmadd_ps(inner, sa, acc[r]);
       }
     }
   }
@@ -230,16 +273,16 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
 
 template <int G, int BITS, bool AFFINE, bool SUB>
 static void rows_vnni(int R, const uint8_t* w, const Scales& sc, int gps, int64_t ng, const int8_t* q,
-                      const float* s, const int32_t* a, int64_t K, int zero, float* y, int64_t ldy, int ncols) {
+                      const float* s, const float* fa, int64_t K, int zero, float* y, int64_t ldy, int ncols) {
   switch (R) {
-#define CASE(n) case n: return panel_vnni<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, a, K, zero, y, ldy, ncols);
+#define CASE(n) case n: return panel_vnni<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, fa, K, zero, y, ldy, ncols);
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #undef CASE
   }
 }
 
 using RowsFn = void (*)(int, const uint8_t*, const Scales&, int, int64_t, const int8_t*, const float*,
-                        const int32_t*, int64_t, int, float*, int64_t, int);
+                        const float*, int64_t, int, float*, int64_t, int);
 
 static RowsFn pick(const Format& f) {
   const bool sub = f.gps > 1;
@@ -317,10 +360,13 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
   torch::Tensor y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
-  std::vector<int8_t> q(M * K);
+  std::vector<int32_t> words((M * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
+  int8_t* const qd = reinterpret_cast<int8_t*>(words.data());
   std::vector<float> s(M * ng);
   std::vector<int32_t> a(M * ng);
-  quantize_rows(x.data_ptr<float>(), M, K, f.G, q.data(), s.data(), a.data());
+  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector);
+  std::vector<float> fa(M * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
+  for (int64_t i = 0; i < M * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
@@ -337,12 +383,12 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
         const Scales sc = st.panel(p);
 #ifdef SPECSTRUCT_VNNI
         if (fn) {
-          fn(R, w, sc, f.gps, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, f.zero, yd + r * N + p * NO,
+          fn(R, w, sc, f.gps, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, K, f.zero, yd + r * N + p * NO,
              N, ncols);
           continue;
         }
 #endif
-        panel_scalar(f, R, w, sc, ng, q.data() + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * N + p * NO, N,
+        panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * N + p * NO, N,
                      ncols);
       }
     }

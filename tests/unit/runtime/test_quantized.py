@@ -72,6 +72,8 @@ def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
     torch.manual_seed(1)
     x = torch.randn(21, shape[1]) * torch.logspace(-2, 2, 21)[:, None]  # rows of very different scales
     x[4] = 0  # an all-zero row (zero activation scale)
+    x[5] = torch.arange(shape[1]) % 9 - 3.5  # halves: ties when quantized (max 127 in each group: scale 1)
+    x[5, ::16] = 127
     every = weight.linear(x)
     for n in range(1, 22):
         assert torch.equal(weight.linear(x[:n]), every[:n])  # among the first n
