@@ -4,7 +4,8 @@ A step:
   1. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
               policy (batch_policy.py) sets each row's draft-model length
   2. prefill  rows reading their prompt get the next chunk within the step's budget (prefill_budget.py); the
-              draft model drafts for all rows and reads the chunks in packed passes (proposers/draft_model.py)
+              draft model drafts for all rows in packed passes (proposers/draft_model.py), and a row's draft reads
+              its context the first time the policy gives the row the draft model, up to CATCH_UP tokens a step
   3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
               chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
   4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
@@ -32,6 +33,8 @@ from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.runtime.kv.layers import SeqKV
 from specstruct.spec.prefill_budget import prefill_budget
 from specstruct.spec.row import Row, Step
+
+CATCH_UP = 256  # context tokens a draft reads per step when it first drafts for a row (as IDLE_PREFILL)
 
 
 class BatchDecoder:
@@ -95,8 +98,13 @@ class BatchDecoder:
         cache = getattr(rt, "prefix_cache", None)
         if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
             cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.views())
+        self._remember_draft(row)
+
+    def _remember_draft(self, row: Row) -> None:
+        """Offer the row's draft KV of its prompt to the draft's prefix cache, once the draft has read it all."""
         d = row.draft_kv
-        if d is not None and d.tokens == row.prompt and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
+        if d is not None and d.tokens[: len(row.prompt)] == row.prompt \
+                and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
             self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
 
     def remove(self, row: Row) -> None:
@@ -142,6 +150,7 @@ class BatchDecoder:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[Row, list[int], bool]]:
+        t0 = time.perf_counter()
         rows = list(self.rows)
         out: dict[int, list[int]] = {id(r): [] for r in rows}
         decoding = [r for r in rows if not r.prefilling]
@@ -155,7 +164,7 @@ class BatchDecoder:
         demands, ks = self._draft_lengths(live, steps)
         fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
         chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
-        self._draft_model(live, steps, demands, ks, chunks)
+        drafted = self._draft_model(live, steps, demands, ks)
         masks = {}
         for r in decoding:
             if id(r) in steps and not r.finished:
@@ -165,6 +174,9 @@ class BatchDecoder:
                     self._fail(r, err)
         verifying = [r for r in decoding if id(r) in masks]
         self._target_pass(verifying, steps, masks, chunks, out)
+        if len(rows) == 1 and verifying and rows[0].config.enable_speculative:  # a lone row's seconds are its own
+            r = rows[0]
+            r.policy.observe_step(r.constraint.mode, id(r) in drafted, len(out[id(r)]), time.perf_counter() - t0)
         result = []
         for r in rows:
             if r.finished:
@@ -199,10 +211,11 @@ class BatchDecoder:
                 demands.append(Demand(1 + len(s.cands), 0, 0.0))
         return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
 
-    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks, chunks) -> None:
+    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks) -> set[int]:
+        """Run the draft model for the rows the policy gave it; returns their ids."""
         if self.draft is None:
-            return
-        jobs = {}
+            return set()
+        jobs: dict[int, Job] = {}
         for r, d, k in zip(decoding, demands, ks):
             s = steps[id(r)]
             forced = r.config.use_forced_text
@@ -214,24 +227,29 @@ class BatchDecoder:
                 jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
                                   r.generator, alone=self._alone(r), forced=forced,
                                   confidence=r.config.draft_confidence)
-        for r, c in chunks:
-            if r.draft_kv is not None and not self._alone(r):  # from what the draft lacks (a cached target prefix)
-                feed = (r.prompt + r.token_ids)[len(r.draft_kv.tokens) : r.prefilled + len(c)]
-                jobs[id(r)] = Job(r.draft_kv, feed, None, 0, 0.0, None, feed_only=True)
+        for r in decoding:  # a draft asked for the first time reads the row's context first, a chunk per step
+            if id(r) in jobs and len(jobs[id(r)].context) - len(r.draft_kv.tokens) > CATCH_UP:
+                rest = r.draft_kv.feed_for(r.prompt + r.token_ids)  # what its cache lacks (it keeps what is right)
+                if len(rest) > CATCH_UP:
+                    jobs[id(r)] = Job(r.draft_kv, rest[:CATCH_UP], None, 0, 0.0, None, alone=self._alone(r),
+                                      feed_only=True)
         if not jobs:
-            return
+            return set()
+        unread = [r for r in decoding if id(r) in jobs and len(r.draft_kv.tokens) < len(r.prompt)]
         costs: list[tuple[int, float]] = []
         t0 = time.perf_counter()
         try:
             run_drafts(self.draft, list(jobs.values()), self.engine.eos, costs)
         except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
-            for r in decoding + [r for r, _ in chunks]:
+            for r in decoding:
                 if id(r) in jobs:
                     self._fail(r, err)
-            return
+            return set(jobs)
         dt = time.perf_counter() - t0
         for rows, s in costs:
             self.engine.policy.observe_cost("draft", rows, s)
+        for r in unread:  # the draft has read the prompt now: the prefix cache may keep it
+            self._remember_draft(r)
         for r in decoding:
             j = jobs.get(id(r))
             if j is None:
@@ -243,6 +261,7 @@ class BatchDecoder:
             if j.hint:
                 steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
             steps[id(r)].add_runs(j.tokens, j.runs, j.qs)
+        return set(jobs)
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
         segs, keep = [], []

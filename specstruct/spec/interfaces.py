@@ -56,6 +56,8 @@ class Policy(Protocol):
 
     def observe_cost(self, kind: str, rows: int, seconds: float) -> None: ...
 
+    def observe_step(self, mode: Mode, with_model: bool, tokens: int, seconds: float) -> None: ...
+
 
 class Sequence_(Protocol):
     """One sequence's KV cache on a runtime (what Runtime.sequence() returns)."""

@@ -5,6 +5,13 @@ per mode and drafter (moving averages), and the measured costs: a target pass ov
 step, c * T(1). With acceptance a and k drafted tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a)
 tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
 when the best k beats k = 0; free drafters (forced text, prompt lookup) cost only the extra verification rows.
+
+That model leaves out what the free drafters would have proposed anyway and the draft's own reading of the prompt,
+so the draft model must also beat them as measured: per output mode, the seconds per output token of a lone row's
+steps with the draft model (its prompt reading included) and without it (free drafters only). The draft runs first
+(ARM_TOKENS tokens), then the free drafters alone as long, then whichever was faster; the other is tried again
+every PROBE_ARM_EVERY steps. (On a CPU with block-quantized weights a 0.5B draft step costs about half a 1.5B one:
+forced text and prompt lookup alone are then the faster choice on JSON, code and prose; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 o
 PRIOR_DRAFT_COST = 0.4  # prior draft/target step-cost ratio (0.5B vs 1.5B Qwen)
 GROW = 2  # draft length added after a step whose draft was accepted whole
 PROBE_EVERY = 16  # steps between single-token probes of a drafter the cost model switched off
+ARM_TOKENS = 24  # output tokens measured with and without the draft model before the policy compares them
+ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of each arm
+ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
+PROBE_ARM_EVERY = 64  # steps between tries of the arm the comparison left out
 ORDER = ("forced", "lookup", "model")  # candidates are concatenated in this order
 SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "model": "use_draft_model"}
 
@@ -46,6 +57,10 @@ class AdaptivePolicy:
         self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
         self.draft_cost: float | None = None  # EMA seconds of one draft-model step
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
+        # (mode, with the draft model) -> decayed (seconds, output tokens) of a lone row's steps; tokens measured
+        self.arms: dict[tuple[Mode, bool], tuple[float, float]] = {}
+        self.arm_tokens: dict[tuple[Mode, bool], int] = defaultdict(int)
+        self.arm_idle: dict[Mode, int] = defaultdict(int)
 
     # -- planning ---------------------------------------------------------------------------------------------
     def plan(self, mode: Mode) -> Plan:
@@ -66,6 +81,8 @@ class AdaptivePolicy:
     def _limit(self, mode: Mode, name: str, cap: int) -> int:
         key = (mode, name)
         k = self.k.setdefault(key, max(0, min(self.config.initial_candidates, cap)))
+        if name == "model" and self.use_timing and not self._model_arm(mode):
+            return 0
         if name != "model" or k == 0 or not self.costs_measured():
             return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
         best = self.best_k(mode, k)
@@ -87,6 +104,35 @@ class AdaptivePolicy:
             if rate > best_rate * 1.02:  # ask for a clear gain, not noise
                 best, best_rate = k, rate
         return best
+
+    def model_verdict(self, mode: Mode) -> str:
+        """"explore-with" / "explore-without" (an arm still measures its first ARM_TOKENS), "on" or "off"."""
+        if self.arm_tokens[(mode, True)] < ARM_TOKENS:
+            return "explore-with"
+        if self.arm_tokens[(mode, False)] < ARM_TOKENS:
+            return "explore-without"
+        (s1, t1), (s0, t0) = self.arms[(mode, True)], self.arms[(mode, False)]
+        return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
+
+    def _model_arm(self, mode: Mode) -> bool:
+        """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
+        verdict = self.model_verdict(mode)
+        if verdict.startswith("explore"):
+            return verdict == "explore-with"
+        self.arm_idle[mode] += 1
+        probe = self.arm_idle[mode] >= PROBE_ARM_EVERY
+        if probe:
+            self.arm_idle[mode] = 0
+        return (verdict == "on") != probe
+
+    def observe_step(self, mode: Mode, with_model: bool, tokens: int, seconds: float) -> None:
+        """A lone row's step: the output tokens it gave and its seconds (the draft model's, prompt reading included)."""
+        if not self.use_timing or tokens <= 0:
+            return
+        key = (mode, with_model)
+        s, t = self.arms.get(key, (0.0, 0.0))
+        self.arms[key] = (s * ARM_DECAY + seconds, t * ARM_DECAY + tokens)
+        self.arm_tokens[key] += tokens
 
     def t1(self) -> float | None:
         """Seconds of a one-token target pass: measured, or inferred from the narrowest measured pass."""

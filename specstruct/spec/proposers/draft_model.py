@@ -2,8 +2,9 @@
 
 Each row keeps its own draft KV sequence. The first pass of a step syncs every drafting row's cache with its
 context (crop to the longest common prefix, feed the rest: usually the last accepted token and the target's
-bonus token) and yields its first draft token; each further pass feeds one token per row still drafting. Rows
-also feed prompt chunks here while their target prefill runs, so the draft prefill is spread over steps too.
+bonus token) and yields its first draft token; each further pass feeds one token per row still drafting. A row's draft reads its prompt
+only once the policy first gives it the draft model, a chunk per step (`feed_only` jobs) while the row goes on
+with its free drafters: a row that never drafts with the model costs the draft nothing, not even its prompt.
 
 Arbitration (greedy rows, `SpecConfig.draft_arbitration`): the free candidates (forced text, prompt lookup) come
 as a `hint`. They go through the draft in the first pass, which syncs its cache anyway; the draft keeps the
@@ -76,7 +77,7 @@ class Job:
     temperature: float
     generator: torch.Generator | None
     alone: bool = False  # passes of its own (seeded sampling with a draft that is not row-invariant)
-    feed_only: bool = False  # a prefill chunk: extend the cache, draft nothing
+    feed_only: bool = False  # a catch-up chunk of the row's context: extend the cache, draft nothing
     hint: list[int] = field(default_factory=list)  # free candidates the draft arbitrates (greedy)
     hint_kept: int = 0
     limit: int = 0  # with a hint: the most tokens it may draft once it dropped part of the hint (their room)

@@ -176,3 +176,29 @@ def test_ablation_compares_onednn_variants_with_their_own_target_only():
     s = summarize(rows, ["target-only", "all", "target-only-onednn", "linear-onednn"])
     assert [s[v]["identical"] for v in s] == [1, 1, 1, 1]
     assert s["linear-onednn"]["decode_speedup"] == 1.6 and s["target-only-onednn"]["decode_speedup"] == 0.8
+
+
+def _spy(runtime, fed: list[int]) -> None:
+    forward = runtime.forward
+
+    def counted(segments, keep):
+        fed.append(sum(len(ids) for _, ids in segments))
+        return forward(segments, keep)
+
+    runtime.forward = counted
+
+
+def test_the_draft_reads_a_prompt_only_when_it_drafts_and_in_chunks(tok, target, close_draft):
+    from specstruct.spec.batch import CATCH_UP
+
+    draft = ModelRuntime(close_draft)
+    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=draft)
+    prompt = tok.encode(TEXT * 40, add_special_tokens=False)[: 2 * CATCH_UP + 40]
+    fed: list[int] = []
+    _spy(draft, fed)
+    plain = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, enable_speculative=False)).run()
+    free = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, use_draft_model=False)).run()
+    assert fed == [] and free.token_ids == plain.token_ids  # never asked: the draft never read the prompt
+    drafted = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12)).run()
+    assert drafted.token_ids == plain.token_ids and drafted.stats.per_drafter["model"].proposed > 0
+    assert fed[:2] == [CATCH_UP, CATCH_UP]  # its prompt in chunks, a step each, before its first draft

@@ -64,3 +64,28 @@ def test_probe_reenables_a_switched_off_drafter():
 def test_switches_in_config_disable_drafters():
     pol = AdaptivePolicy(SpecConfig(use_draft_model=False, use_prompt_lookup=False), ALL)
     assert pol.plan("json").drafters == ["forced"]
+
+
+def test_the_draft_model_must_beat_the_free_drafters_as_measured():
+    from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    assert pol.plan("json").limits["model"] > 0  # first the draft model is measured ...
+    pol.observe_step("json", True, ARM_TOKENS, 2.0)  # its prompt reading made it slow: 1/12 s per token
+    assert pol.model_verdict("json") == "explore-without"
+    assert "model" not in pol.plan("json").drafters  # ... then the free drafters alone
+    pol.observe_step("json", False, ARM_TOKENS, 1.0)
+    assert pol.model_verdict("json") == "off" and pol.model_verdict("code") == "explore-with"  # per mode
+    plans = [pol.plan("json") for _ in range(PROBE_ARM_EVERY)]
+    assert sum("model" in p.drafters for p in plans) == 1  # tried again now and then
+    pol.observe_step("json", True, 10 * ARM_TOKENS, 0.5)  # it got faster (a warm draft, say)
+    assert pol.model_verdict("json") == "on" and "model" in pol.plan("json").drafters
+
+
+def test_plans_without_timing_ignore_the_measured_arms():
+    from specstruct.spec.policy import ARM_TOKENS
+
+    pol = AdaptivePolicy(SpecConfig(), ALL, use_timing=False)  # seeded sampling: plans from acceptance alone
+    pol.observe_step("json", True, ARM_TOKENS, 9.0)
+    pol.observe_step("json", False, ARM_TOKENS, 1.0)
+    assert pol.plan("json").limits["model"] > 0
