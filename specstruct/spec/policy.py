@@ -29,7 +29,7 @@ PROBE_EVERY = 16  # steps between single-token probes of a drafter the cost mode
 ARM_TOKENS = 24  # output tokens measured with and without the draft model before the policy compares them
 ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of each arm
 ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
-PROBE_ARM_EVERY = 64  # steps between tries of the arm the comparison left out
+PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
 ORDER = ("forced", "lookup", "model")  # candidates are concatenated in this order
 SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "model": "use_draft_model"}
 
