@@ -1,6 +1,6 @@
 """Where one decode step of specstruct's runtime goes: its parts timed by wrapping them, in one process.
 
-    python -m benchmarks.step_breakdown [--model qwen2.5-coder-0.5b] [--draft] [--cache 300] [--repeats 20]
+    python -m benchmarks.step_breakdown [--model qwen2.5-coder-0.5b] [--weights auto|float32] [--cache 300]
 
 Runs `--repeats` one-token steps on a `--cache`-token context and reports the median step and, per step, the time
 inside the Linear layers (the LM head apart), the attention function (its KV cache update apart) and the RMSNorm
@@ -91,17 +91,19 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from specstruct.runtime.gguf_model import WEIGHTS, load_model
     from specstruct.runtime.model_runtime import quantize_draft
-    from specstruct.models import load
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--draft", action="store_true", help="time the model as a draft (weight-only int8)")
+    ap.add_argument("--weights", default="auto", choices=WEIGHTS,
+                    help="as SpecStruct.from_pretrained: auto keeps a GGUF file's blocks; float32 de-quantizes")
+    ap.add_argument("--draft", action="store_true", help="float32 weights: time the model as a draft (int8)")
     ap.add_argument("--cache", type=int, default=300, help="tokens already in the cache")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args(argv)
-    model, _ = load(args.model)
-    if args.draft:
+    model, _ = load_model(args.model, weights=args.weights)
+    if args.draft and args.weights == "float32":
         model = quantize_draft(model)
     parts = breakdown(model, args.cache, args.repeats)
     print(f"{args.model}{' (int8 draft)' if args.draft else ''}, {torch.get_num_threads()} threads, {args.cache}-token "

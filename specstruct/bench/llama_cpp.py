@@ -26,6 +26,7 @@ from typing import Any
 
 from specstruct.bench.measure import Measurement, Settings
 from specstruct.bench.workloads import Workload
+from specstruct.types.output import Code
 
 ENV_BINARY = "SPECSTRUCT_LLAMA_SERVER"
 
@@ -148,6 +149,8 @@ class LlamaCppSide:
         schema = schema_of(workload.output_type)
         if schema is not None:
             body["json_schema"] = schema
+        elif isinstance(workload.output_type, Code):  # no grammar: it ends at the closing fence, as specstruct's code
+            body["stop"] = ["\n```"]
         elif workload.output_type is not None:
             raise ValueError(f"llama.cpp side: no JSON schema for output type {workload.output_type!r}")
         return body

@@ -40,6 +40,8 @@ def test_the_request_carries_the_engines_exact_prompt_ids_and_the_schema(tok, ta
     assert body["cache_prompt"] is False and body["return_tokens"] is True and body["temperature"] == 0.0
     free = side.request(Workload("p", "prose", "prose", messages, None, None, lambda t: (None, "")))
     assert "json_schema" not in free
+    code = side.request(Workload("c", "code", "code", messages, ss.Code("python"), None, lambda t: (None, "")))
+    assert "json_schema" not in code and code["stop"] == ["\n```"]  # no grammar; it ends at the closing fence
     with pytest.raises(ValueError, match="no JSON schema"):
         side.request(Workload("r", "json", "regex", messages, ss.Regex("[a-z]+"), None, lambda t: (None, "")))
 
