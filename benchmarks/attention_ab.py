@@ -26,7 +26,6 @@ SIDES = ("cpp", "torch")
 
 def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, float, float, float]]:
     """(k, C++ median s, torch ops median s, max |logit difference|) per k."""
-    from specstruct.runtime.model_runtime import ModelRuntime
 
     rt = OneSequence(model)
     gen = torch.Generator().manual_seed(1)

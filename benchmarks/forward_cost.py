@@ -22,7 +22,7 @@ import time
 import torch
 
 from specstruct.runtime import fixed_linear
-from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft, restore_stock
+from specstruct.runtime.model_runtime import quantize_draft, restore_stock
 from specstruct.testing import OneSequence
 
 KS = (1, 2, 4, 8, 9)

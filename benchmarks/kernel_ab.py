@@ -46,7 +46,6 @@ def other_kernel(source: str | None, commit: str | None):
 
 def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float, float, bool]]:
     """(k, this tree's median s, the other's median s, logits bitwise equal) per k."""
-    from specstruct.runtime.model_runtime import ModelRuntime
 
     rt = OneSequence(model)
     sides = (("this", contextlib.nullcontext), ("other", lambda: fixed_linear.running(other)))

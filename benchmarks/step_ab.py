@@ -30,7 +30,7 @@ def compare(stock, ours, cache_len: int, repeats: int) -> tuple[float, float, fl
     """(stock median s, specstruct median s, max |logit difference| of the last step)."""
     from transformers import DynamicCache
 
-    from specstruct.runtime.model_runtime import ModelRuntime, cache_kwarg
+    from specstruct.runtime.model_runtime import cache_kwarg
 
     rt, cache_arg = OneSequence(ours), cache_kwarg(stock)  # looked up once, outside the timed steps
     gen = torch.Generator().manual_seed(2)

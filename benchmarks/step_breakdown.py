@@ -48,7 +48,6 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     from transformers import AttentionInterface, DynamicCache
 
     from specstruct.runtime import packed
-    from specstruct.runtime.model_runtime import ModelRuntime
 
     rt = OneSequence(model)
     vocab = rt.vocab_size

@@ -25,7 +25,6 @@ from specstruct.testing import OneSequence
 
 def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repeats: int) -> tuple[dict, str, Path]:
     from specstruct.runtime.gguf_model import load_model
-    from specstruct.runtime.model_runtime import ModelRuntime
     from specstruct.models.loading import gguf_file, resolve
 
     m, _ = load_model(model, weights=weights)

@@ -43,7 +43,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from specstruct.api.specstruct import SpecStruct
     from specstruct.config import BatchConfig, SpecConfig
-    from specstruct.errors import ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError, InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError, PromptTooLongError, OverloadedError, RequestTimeoutError, SpecStructError, ValidationRetryError, KVMemoryError
+    from specstruct.errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError,
+                                   InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError,
+                                   PromptTooLongError, OverloadedError, RequestTimeoutError, SpecStructError,
+                                   ValidationRetryError, KVMemoryError)
     from specstruct.models import pull
     from specstruct.types.output import Choice, Code, Grammar, Regex
     from specstruct.results import Chunk, DrafterStats, Result, Stats

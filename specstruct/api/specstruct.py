@@ -26,7 +26,8 @@ from specstruct.runtime.quantized import is_quantized
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.api.aio import AsyncCalls
 from specstruct.api.output import RETRYABLE, StreamChunks, deadline, final_text
-from specstruct.api.inputs import RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device, too_long
+from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
+                                   too_long)
 from specstruct.api.prompt_ids import chat_ids
 from specstruct.api.tool_replies import ToolReply, reply_spec
 

@@ -239,10 +239,12 @@ def verdict(result: dict[str, Any], deadline_s: float = 60.0) -> list[str]:
 def table(result: dict[str, Any]) -> str:
     head = ("| requests | sent | statuses | 5xx | broken | invalid | p50 s | p99 s | slowest s |\n"
             "|---|---|---|---|---|---|---|---|---|\n")
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
     rows = []
     for kind, s in result["kinds"].items():
         lat = s["latency_s"]
-        fmt = (lambda v: "-" if v is None else f"{v:.2f}")
         statuses = ", ".join(f"{k}: {n}" for k, n in s["status"].items()) or "-"
         rows.append(f"| {kind} | {s['sent']} | {statuses} | {s['5xx']} | {s['broken']} | {s['invalid']} | "
                     f"{fmt(lat['p50'])} | {fmt(lat['p99'])} | {s['slowest_s']:.2f} |")

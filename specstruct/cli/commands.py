@@ -13,7 +13,9 @@ from typing import Any, Optional
 
 import typer
 
-from specstruct.cli.support import EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK, EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats, read_text, load_schema, render_value, state
+from specstruct.cli.support import (EXIT_CODES, EXIT_CONSTRAINT, EXIT_INCOMPLETE, EXIT_MODEL_MISSING, EXIT_OK,
+                                    EXIT_OTHER, EXIT_USAGE, errors, fail, output_type_from_options, print_stats,
+                                    read_text, load_schema, render_value, state)
 from specstruct.serving.ray.extract import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_OTHER", "EXIT_USAGE", "EXIT_CONSTRAINT", "EXIT_MODEL_MISSING",

@@ -11,7 +11,8 @@
 
 from specstruct.models.loading import check_same_vocab, load, load_tokenizer, resolve
 from specstruct.models.provisioning import pull
-from specstruct.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, REGISTRY, ModelSpec, home, is_pulled, iter_registry, model_dir, models_available, pull_command
+from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, MARKER, REGISTRY, ModelSpec, home, is_pulled,
+                                        iter_registry, model_dir, models_available, pull_command)
 
 __all__ = ["pull", "load", "load_tokenizer", "resolve", "check_same_vocab", "models_available", "is_pulled",
            "model_dir", "home", "iter_registry", "pull_command", "REGISTRY", "ModelSpec", "DEFAULT_TARGET",

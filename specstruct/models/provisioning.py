@@ -18,7 +18,8 @@ from pathlib import Path
 
 from specstruct.errors import ModelNotFoundError
 from specstruct.extras import require
-from specstruct.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_NAME, MARKER, ModelSpec, _spec, model_dir, pull_command
+from specstruct.models.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_NAME, MARKER, ModelSpec, _spec, model_dir,
+                                        pull_command)
 
 _CHUNK = 8 << 20  # 8 MiB: streaming unit for assembling and hashing
 

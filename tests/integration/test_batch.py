@@ -14,7 +14,7 @@ import torch
 
 from specstruct.config import SpecConfig
 from specstruct.spec.batch import BatchDecoder
-from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.model_runtime import quantize_draft
 
 from test_speculative import PROMPTS, SPECS, _compile, _engine
 from specstruct.testing import OneSequence

@@ -15,7 +15,7 @@ from specstruct.runtime.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
 from specstruct.runtime.kv.layers import span
 from specstruct.runtime.kv.prefill import resume
 from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
-from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.model_runtime import quantize_draft
 from specstruct.errors import KVMemoryError
 from specstruct.testing import OneSequence
 

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-import specstruct as ss
 from specstruct.bench.batch import Request, requests_for, run_requests
 from specstruct.bench.workloads import extraction_workloads
 

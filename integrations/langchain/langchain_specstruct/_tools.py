@@ -12,7 +12,12 @@ from langchain_core.messages.tool import (InvalidToolCall, ToolCall, ToolCallChu
                                           tool_call_chunk)
 
 from specstruct.constraints.tools import grammar as _core
-from specstruct.constraints.tools.grammar import CLOSE, FENCE_CLOSE, FENCE_OPEN, OPEN, call_schema, new_call_id, not_prefixed_by, reply_text, select_tools, special_markers, tool_grammar, tool_name
+from specstruct.constraints.tools.grammar import (FENCE_OPEN, OPEN, call_schema, new_call_id, not_prefixed_by,
+                                                  reply_text, select_tools, tool_grammar)
+
+# the core's grammar helpers pass through here to the chat model (one import place for the package)
+__all__ = ["ToolCallStreamer", "call_schema", "cut_reply", "not_prefixed_by", "parse_tool_calls", "partial_call",
+           "reply_text", "select_tools", "tool_grammar"]
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:

@@ -15,7 +15,8 @@ from typing import Any
 
 from specstruct.errors import ConstraintError
 from specstruct.constraints.schema.numeric_regex import mark_numeric
-from specstruct.constraints.schema.normalise import json_safe_pattern, ANY_TYPE, BY_TYPE, CONTAINERS, DISPATCH, NEVER, normalise, relaxed
+from specstruct.constraints.schema.normalise import (json_safe_pattern, ANY_TYPE, BY_TYPE, CONTAINERS, DISPATCH,
+                                                     NEVER, normalise)
 
 
 def unsupported(keyword: str, path: str, why: str) -> ConstraintError:

@@ -14,7 +14,8 @@ from specstruct.errors import ConstraintError
 
 from specstruct.serving.openai.errors import bad_request
 from specstruct.serving.openai.limits import ServerLimits
-from specstruct.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, Message, ToolChoice, refuse_unsupported, structured_extra
+from specstruct.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, Message, ToolChoice,
+                                                refuse_unsupported, structured_extra)
 
 
 @dataclass

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specstruct.serving.ray.engines import engine_factory, require_ray
-from specstruct.serving.ray.extract import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S, RESULT_COLUMNS, BadInputError, RowLimits, make_prompt, result_row, run_row
+from specstruct.serving.ray.extract import (DEFAULT_MAX_INPUT_TOKENS, DEFAULT_ROW_TIMEOUT_S, RESULT_COLUMNS,
+                                            BadInputError, RowLimits, make_prompt, result_row, run_row)
 
 
 def count_lines(path: Path) -> int:

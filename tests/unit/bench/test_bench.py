@@ -16,7 +16,8 @@ from specstruct.bench.measure import Settings
 from specstruct.bench.fairness import linear_numerics, weights_fingerprint
 from specstruct.bench.report import plot, problems, write_json
 from specstruct.bench.summary import spread, summarize
-from specstruct.bench.workloads import SCENARIOS, code_workloads, extraction_workloads, find_jsonschemabench, humaneval_program, load_workloads, schema_workloads
+from specstruct.bench.workloads import (SCENARIOS, code_workloads, extraction_workloads, find_jsonschemabench,
+                                        humaneval_program, load_workloads, schema_workloads)
 
 SUMMARY_KEYS = {"baseline_tokens_per_s", "specstruct_tokens_per_s", "speedup", "speedup_vs", "acceptance_rate",
                 "valid", "identical", "prompts"}

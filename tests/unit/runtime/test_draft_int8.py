@@ -7,7 +7,7 @@ import torch
 
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.draft_int8 import Int8Linear
-from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.model_runtime import quantize_draft
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
 

@@ -7,7 +7,6 @@ import torch
 
 from specstruct.runtime import fixed_linear, native
 from specstruct.runtime.fixed_linear import PanelWeight, fixed_linear_forward
-from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
 

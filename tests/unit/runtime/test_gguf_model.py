@@ -9,7 +9,6 @@ import torch
 
 from specstruct.runtime import quantized
 from specstruct.runtime.gguf_model import load_quantized
-from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_llama, tiny_model, write_gguf
 from specstruct.testing import OneSequence
 

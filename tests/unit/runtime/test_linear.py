@@ -11,7 +11,7 @@ import torch
 from specstruct.bench.fairness import weights_fingerprint
 from specstruct.runtime import linear
 from specstruct.runtime.linear import PackedWeight, PackedWeightError, onednn_linear_forward, unpack_linears
-from specstruct.runtime.model_runtime import ModelRuntime, make_row_invariant, quantize_draft, restore_stock
+from specstruct.runtime.model_runtime import make_row_invariant, quantize_draft, restore_stock
 from specstruct.testing import perturbed, tiny_model
 from specstruct.testing import OneSequence
 

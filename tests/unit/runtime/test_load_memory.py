@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specstruct.runtime.load_memory import file_ranges, in_file, own_mapped_tensors, trim_heap
-from specstruct.runtime.model_runtime import ModelRuntime, make_row_invariant
+from specstruct.runtime.model_runtime import make_row_invariant
 from specstruct.testing import tiny_model, tiny_tokenizer
 from specstruct.testing import OneSequence
 

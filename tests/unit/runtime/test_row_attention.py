@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from specstruct.runtime import packed
-from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
 

@@ -2,7 +2,7 @@ import random
 
 import torch
 
-from specstruct.runtime.model_runtime import ModelRuntime, restore_stock
+from specstruct.runtime.model_runtime import restore_stock
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
 
