@@ -104,4 +104,4 @@ class Chunk:
 
     text: str
     partial: Any = None
-    result: Result | None = None
+    result: Result[Any] | None = None

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from specstruct.config import SpecConfig
-from specstruct.spec.interfaces import Mode, Plan
+from specstruct.constraints.base import Mode
+from specstruct.spec.interfaces import Plan
 
 EMA = 0.3  # weight of the newest observation in the moving averages
 PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 on 2 AVX2 cores)
