@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal, get_args, get_origin
 from specstruct.errors import ConstraintError
 from specstruct.constraints.base import ConstraintSpec, Mode
 from specstruct.constraints.compiler import default_json_backend
-from specstruct.constraints.schema.check import relaxed
+from specstruct.constraints.schema.normalise import relaxed
 from specstruct.constraints.llguidance.schema_text import llguidance_source, required_tags
 from specstruct.types.pydantic_schema import pydantic_schema
 from specstruct.types.python_regex import rust_pattern
