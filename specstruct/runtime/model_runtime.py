@@ -35,6 +35,7 @@ import torch
 
 from specstruct.models.loading import output_rows
 from specstruct.runtime import fixed_linear, quantized
+from specstruct.runtime.fused_layer import fuse, unfuse
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
 from specstruct.runtime.packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
@@ -96,6 +97,8 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
     attention = {"cpp": "C++", "torch": "torch ops"}[use_packed_attention(model)]
+    if fuse(model):
+        attention += ", fused decoder layers"
     linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
     if blocks:  # weights as they ship: the block-quantized kernel, int8 activations per group
         others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
@@ -110,6 +113,7 @@ def restore_stock(model: torch.nn.Module) -> None:
     """Undo make_row_invariant (for baselines that must run the stock transformers numerics): plain weights
     (bitwise the originals), stock Linear forwards, the model's sdpa attention."""
     unpack_linears(model)
+    unfuse(model)
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
             del mod.forward

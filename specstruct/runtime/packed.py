@@ -154,17 +154,24 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     _, h, n, d = query.shape
     hkv = key.shape[1]
     scaling = scaling if scaling is not None else d**-0.5
-    q = query[0].reshape(hkv, h // hkv, n, d)
+    return attend_pass(module.layer_idx, query[0].reshape(hkv, h // hkv, n, d), key, value, scaling).unsqueeze(0), None
+
+
+def attend_pass(layer_idx: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                scaling: float) -> torch.Tensor:
+    """One layer's attention over a pass: q [Hkv, g, N, D], key/value [1, Hkv, N, D] (this pass's tokens; views
+    are fine) -> [N, Hkv*g, D]. Each segment of the pass's layout appends its keys and values to its own cache
+    and attends over it; without a layout (a plain forward) the pass attends causally over its own tokens."""
     layout: list[_Segment] | None = getattr(_local, "layout", None)
     attend = _ATTEND[getattr(_local, "attention", None) or attention_kernel()]
     if layout is None:  # a plain causal forward over the given keys (no cache routing)
-        return attend(q, key[0], value[0], scaling).unsqueeze(0), None
+        return attend(q, key[0], value[0], scaling)
     outs = []
     for seg in layout:
         sl = slice(seg.start, seg.start + seg.size)
-        k_all, v_all = seg.seq.cache.update(key[:, :, sl], value[:, :, sl], module.layer_idx)
+        k_all, v_all = seg.seq.cache.update(key[:, :, sl], value[:, :, sl], layer_idx)
         outs.append(attend(q[:, :, sl], k_all[0], v_all[0], scaling))
-    return torch.cat(outs, dim=0).unsqueeze(0), None
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
 def register_attention() -> None:
