@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from specstruct.spec.batch_policy import Demand, allocate, pass_time
+from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time
 from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.runtime.kv.layers import SeqKV
 from specstruct.spec.prefill_budget import prefill_budget
@@ -161,6 +161,8 @@ class BatchDecoder:
             except Exception as err:
                 self._fail(r, err)
         live = [r for r in decoding if id(r) in steps and not r.finished]
+        if len(live) > 1:
+            self._size_free(live, steps)
         demands, ks = self._draft_lengths(live, steps)
         fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
         chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
@@ -195,6 +197,20 @@ class BatchDecoder:
             chunks.append((r, c))
             budget -= len(c)
         return chunks
+
+    def _size_free(self, decoding: list[Row], steps: dict[int, Step]) -> None:
+        """In a pass of several rows, keep the free candidates that raise the batch's expected tokens per second
+        (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
+        chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
+        keep = free_lengths(self.engine.policy, chains, [r.seeded for r in decoding])
+        for r, n, chain in zip(decoding, keep, chains):
+            if n < len(chain):
+                s = steps[id(r)]
+                fork = r.constraint.fork()
+                if n:
+                    fork.advance(s.cands[:n])
+                s.trim(n, fork)
+                s.model_room = max(0, min(s.model_limit, s.budget - n))  # the batch policy sizes the model's share
 
     def _draft_lengths(self, decoding: list[Row], steps: dict[int, Step]) -> tuple[list[Demand], list[int]]:
         """Each decoding row's demand on the draft model and its draft length (batch_policy.allocate)."""

@@ -59,6 +59,37 @@ def goodput(policy: AdaptivePolicy, demands: list[Demand], ks: list[int]) -> flo
     return tokens / (pass_time(policy, rows) + drafting)
 
 
+def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[bool]) -> list[int]:
+    """How many of each row's free candidates (forced text, prompt lookup) a batched pass should verify.
+
+    `chains[i]` holds, per candidate of row i in order, its drafter's acceptance rate; the j-th candidate is worth
+    the product of the rates up to it (it counts only if every one before it is accepted), and each costs one row
+    of the pass. In a pass of several rows the pass is compute-bound and a row is no longer free, so candidates are
+    added best first while the batch's expected tokens per second grow: goodput = (R + sum of the kept values) /
+    T(R + kept). Rows whose plans must not depend on timing (`fixed`: seeded sampling) keep all theirs."""
+    n = [len(c) if f else 0 for c, f in zip(chains, fixed)]
+    worth: list[list[float]] = [[] for _ in chains]
+    for i, chain in enumerate(chains):
+        v = 1.0
+        for a in chain:
+            v *= a
+            worth[i].append(v)
+    rows = len(chains)
+    tokens = rows + sum(sum(w[: k]) for w, k in zip(worth, n))
+    best = tokens / pass_time(policy, rows + sum(n))
+    while True:
+        open_rows = [i for i in range(rows) if n[i] < len(chains[i])]
+        if not open_rows:
+            return n
+        i = max(open_rows, key=lambda r: worth[r][n[r]])
+        added = tokens + worth[i][n[i]]
+        g = added / pass_time(policy, rows + sum(n) + 1)
+        if g <= best:
+            return n
+        n[i] += 1
+        tokens, best = added, g
+
+
 def allocate(policy: AdaptivePolicy, demands: list[Demand]) -> list[int]:
     """Each row's draft-model k (0..limit), raised greedily while the batch's goodput clearly improves. A move
     raises one row to some k, or every row to at least k (a draft pass is shared: it may pay only for many)."""

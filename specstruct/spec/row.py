@@ -272,17 +272,33 @@ class Step:
     def keep_free(self, kept: int, fork, stats: Stats) -> None:
         """After draft arbitration: keep only the first `kept` free candidates (the draft overruled the rest, which
         are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
-        dropped, offset, segments = len(self.cands) - kept, 0, []
+        offset = 0
+        for name, count in self.segments:
+            if count - max(0, min(count, kept - offset)):
+                stats.per_drafter.setdefault(name, DrafterStats()).overruled += count - max(0, min(count, kept - offset))
+            offset += count
+        self.trim(kept, fork)
+
+    def trim(self, kept: int, fork) -> None:
+        """Keep only the first `kept` candidates; `fork` is the constraint positioned after what is kept (or after
+        what the draft model goes on to propose from there)."""
+        offset, segments = 0, []
         for name, count in self.segments:
             keep = max(0, min(count, kept - offset))
-            if count - keep:
-                stats.per_drafter.setdefault(name, DrafterStats()).overruled += count - keep
             if keep:
                 segments.append((name, keep))
             offset += count
-        if dropped:
+        if kept < len(self.cands):
             self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
         self.fork = fork
+
+    def rates(self, policy, mode, default: float) -> list[float]:
+        """Per candidate, its drafter's acceptance rate as the policy measured it (`default` before it has)."""
+        out: list[float] = []
+        for name, count in self.segments:
+            rate = policy.rate[(mode, name)]
+            out += [default if rate is None else rate] * count
+        return out
 
     def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list) -> None:
         """The draft model's tokens and the forced tokens between them, in order (q per model token if sampling)."""

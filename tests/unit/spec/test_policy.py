@@ -89,3 +89,17 @@ def test_plans_without_timing_ignore_the_measured_arms():
     pol.observe_step("json", True, ARM_TOKENS, 9.0)
     pol.observe_step("json", False, ARM_TOKENS, 1.0)
     assert pol.plan("json").limits["model"] > 0
+
+
+def test_a_batched_pass_verifies_only_the_free_candidates_that_pay():
+    from specstruct.spec.batch_policy import free_lengths
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    for rows in range(1, 41):  # a compute-bound pass: every row costs 6% of a one-row pass
+        pol.observe_cost("target", rows, 0.050 * (1 + 0.06 * (rows - 1)) if rows > 8 else 0.050 + 0.003 * (rows - 1))
+    forced, lookup = [0.97] * 3, [0.4] * 4
+    keep = free_lengths(pol, [forced + lookup] * 8, [False] * 8)
+    assert all(2 <= k <= 3 for k in keep)  # the forced tokens stay; unlikely lookup spans cost more than they give
+    assert free_lengths(pol, [forced + lookup] * 8, [True] * 8) == [7] * 8  # seeded rows keep theirs
+    cheap = AdaptivePolicy(SpecConfig(), ALL)  # nothing measured: the prior slope (7% a row) ...
+    assert free_lengths(cheap, [[0.9] * 4], [False]) == [4]  # ... keeps likely candidates
