@@ -2,12 +2,12 @@
 prefill.
 
     python -m benchmarks.step_cost [--model qwen2.5-coder-1.5b] [--weights auto] [--ks 1,9] [--cache 200]
-                                         [--prefill 256] [--repeats 9] [--llama-bench PATH/llama-bench]
+                                         [--prefill 256] [--repeats 9] [--rounds 3] [--llama-bench PATH/llama-bench]
 
 specstruct's side is the production runtime (runtime.model_runtime.ModelRuntime) on the model as `from_pretrained` loads
 it (`--weights`: auto keeps the GGUF blocks); llama.cpp's side is `llama-bench -p K -n 0 -d CACHE` (a pass of K tokens
-at CACHE cached tokens) and `-p PREFILL` on the same file with the same thread count. Prints the median
-milliseconds of each, v(k) = T(k) / T(1) (what speculative verification costs), prefill tokens/s, and the ratios.
+at CACHE cached tokens) and `-p PREFILL` on the same file with the same thread count, the two sides alternating for
+`--rounds` rounds. Prints the median milliseconds of each, v(k) = T(k) / T(1) (what speculative verification costs), prefill tokens/s, and the ratios.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ import torch
 from specstruct.testing import OneSequence
 
 
-def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repeats: int) -> tuple[dict, str, Path]:
+def ours(model: str, weights: str) -> tuple[OneSequence, Path]:
     from specstruct.runtime.gguf_model import load_model
     from specstruct.models.loading import gguf_file, resolve
 
     m, _ = load_model(model, weights=weights)
-    rt = OneSequence(m)
+    return OneSequence(m), gguf_file(resolve(model))
+
+
+def measure(rt: OneSequence, ks: list[int], cache: int, prefill: int, repeats: int) -> dict:
     seq = rt.sequence()
     rt.forward([(seq, list(range(1000, 1000 + cache)))], [1])
     ms = {}
@@ -50,7 +53,7 @@ def ours(model: str, weights: str, ks: list[int], cache: int, prefill: int, repe
                 rt.forward([(cold, ids)], [1 if start + 256 >= prefill else 0])
             times.append(time.perf_counter() - t0)
         ms[f"prefill {prefill}"] = statistics.median(times) * 1e3
-    return ms, rt.numerics, gguf_file(resolve(model))
+    return ms
 
 
 def llama(binary: str, path: Path, ks: list[int], cache: int, prefill: int, repeats: int) -> dict:
@@ -76,16 +79,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", type=int, default=256, help="cold prefill of this many tokens (0: none)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary: its side on the same file")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternate the two sides this many times (the machine's load drifts); medians over rounds")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
-    mine, numerics, path = ours(args.model, args.weights, ks, args.cache, args.prefill, args.repeats)
-    theirs = llama(args.llama_bench, path, ks, args.cache, args.prefill, args.repeats) \
-        if args.llama_bench and path is not None else {}
-    print(f"{args.model}, {torch.get_num_threads()} threads; specstruct: {numerics}")
+    rt, path = ours(args.model, args.weights)
+    rounds_mine: list[dict] = []
+    rounds_theirs: list[dict] = []
+    for _ in range(args.rounds):
+        rounds_mine.append(measure(rt, ks, args.cache, args.prefill, args.repeats))
+        if args.llama_bench and path is not None:
+            rounds_theirs.append(llama(args.llama_bench, path, ks, args.cache, args.prefill, args.repeats))
+    mine = {key: statistics.median(r[key] for r in rounds_mine) for key in rounds_mine[0]}
+    theirs = {key: statistics.median(r[key] for r in rounds_theirs) for key in rounds_theirs[0]} if rounds_theirs else {}
+    ratio = {key: statistics.median(t[key] / m[key] for m, t in zip(rounds_mine, rounds_theirs)) for key in theirs}
+    print(f"{args.model}, {torch.get_num_threads()} threads; specstruct: {rt.numerics}")
+    print(f"median of {args.rounds} alternating rounds; the ratio is the median of the rounds' ratios")
     print(f"{'pass':<22}{'specstruct ms':>15}{'llama.cpp ms':>15}{'llama.cpp / specstruct':>24}")
     for key, value in mine.items():
         other = theirs.get(key)
-        print(f"{key:<22}{value:>15.1f}" + (f"{other:>15.1f}{other / value:>23.2f}x" if other else ""))
+        print(f"{key:<22}{value:>15.1f}" + (f"{other:>15.1f}{ratio[key]:>23.2f}x" if other else ""))
     one, most = f"1 tokens at {args.cache}", f"{max(ks)} tokens at {args.cache}"
     if one in mine and most in mine and max(ks) > 1:
         line = f"v({max(ks)}) = T({max(ks)}) / T(1): specstruct {mine[most] / mine[one]:.2f}x"
