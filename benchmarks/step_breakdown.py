@@ -4,7 +4,7 @@
 
 Runs `--repeats` one-token steps on a `--cache`-token context and reports the median step and, per step, the time
 inside the Linear layers (the LM head apart), the attention function (its KV cache update apart) and the RMSNorm
-layers; the rest is the model's other small ops (rotary, activation, residuals) and Python. `--draft` times the
+layers (with the fused layer: its norms and rotary embedding); the rest is the model's other small ops (rotary, activation, residuals) and Python. `--draft` times the
 model as the engine runs a draft (weight-only int8). The wrappers add a few microseconds per call, so the parts are
 slightly high and the rest slightly low.
 """
@@ -45,9 +45,10 @@ def _timed(totals: collections.Counter, key: str, obj, name: str):
 
 def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     """Median step and per-step milliseconds of each part (see the module docstring)."""
-    from transformers import AttentionInterface, DynamicCache
+    from transformers import DynamicCache
 
-    from specstruct.runtime import packed
+    from specstruct.runtime import fused_layer, packed
+    from specstruct.runtime.quantized import QuantLinear, QuantWeight
 
     rt = OneSequence(model)
     vocab = rt.vocab_size
@@ -56,23 +57,18 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     totals: collections.Counter = collections.Counter()
     with contextlib.ExitStack() as stack:
         for m in model.modules():
-            linear = hasattr(m, "in_features") and hasattr(m, "out_features")
+            linear = hasattr(m, "in_features") and hasattr(m, "out_features") and not isinstance(m, QuantLinear)
             kind = ("lm head" if m is head else "linear layers" if linear
                     else "rmsnorm" if type(m).__name__.endswith("RMSNorm") else None)
             if kind:
                 stack.enter_context(_timed(totals, kind, m, "forward"))
+        # block-quantized weights: every product (merged projections included) is one QuantWeight.linear call
+        stack.enter_context(_timed(totals, "linear layers", QuantWeight, "linear"))
+        ops = fused_layer._KERNEL.module
+        for name in ("rms_norm", "add_rms_norm", "rope_") if ops is not None else ():
+            stack.enter_context(_timed(totals, "rmsnorm", ops, name))  # the fused layer's norms (and its rotary)
         stack.enter_context(_timed(totals, "kv cache update", DynamicCache, "update"))
-        attention = packed.packed_attention
-
-        def timed_attention(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return attention(*args, **kwargs)
-            finally:
-                totals["attention"] += time.perf_counter() - t0
-
-        AttentionInterface.register(packed.ATTN_NAME, timed_attention)
-        stack.callback(AttentionInterface.register, packed.ATTN_NAME, attention)
+        stack.enter_context(_timed(totals, "attention", packed, "attend_pass"))
         steps = []
         for r in range(repeats + 2):  # two warm-up steps
             if r == 2:
@@ -84,6 +80,8 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     out = {"step": statistics.median(steps[2:]) * 1e3}
     parts = {k: v / repeats * 1e3 for k, v in totals.items()}
     parts["attention"] = parts.get("attention", 0.0) - parts.get("kv cache update", 0.0)
+    if isinstance(head, QuantLinear):  # the LM head's QuantWeight.linear call is inside its own wrapper too
+        parts["linear layers"] = parts.get("linear layers", 0.0) - parts.get("lm head", 0.0)
     out.update(parts)
     out["other small ops and Python"] = statistics.mean(steps[2:]) * 1e3 - sum(parts.values())
     return out

@@ -267,6 +267,34 @@ class QuantLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.fmt.name}"
 
 
+def merge_linears(mods: list[QuantLinear]) -> tuple[QuantWeight, torch.Tensor | None] | None:
+    """One weight computing several QuantLinears that read the same input (q, k, v; gate, up): their outputs side
+    by side, in one kernel call that quantizes the input once. Each module's buffers become views of the merged
+    tensors (no second copy). A row's outputs are bitwise what the separate calls give (each output is summed in
+    its own fixed order). Returns the weight and its bias; None when their formats, inputs or biases differ, or a
+    part is not whole panels."""
+    first = mods[0].qweight
+    same = all(m.qweight.fmt == first.fmt and m.in_features == first.in_features for m in mods)
+    if len(mods) < 2 or not same or any(m.out_features % PANEL for m in mods[:-1]) \
+            or len({m.bias is None for m in mods}) > 1:
+        return None
+    merged = QuantWeight(first.fmt, sum(m.out_features for m in mods), first.in_features)
+    for name, whole in merged.tensors().items():
+        if whole is None:
+            continue
+        whole.copy_(torch.cat([getattr(m.qweight, name) for m in mods]))
+    at = 0
+    for m in mods:
+        panels = -(-m.out_features // PANEL)
+        for name, whole in merged.tensors().items():
+            if whole is not None:
+                part = whole[at : at + panels]
+                setattr(m.qweight, name, part)
+                setattr(m, name, part)  # the module's registered buffer
+        at += panels
+    return merged, None if mods[0].bias is None else torch.cat([m.bias for m in mods])
+
+
 class QuantEmbedding(torch.nn.Module):
     """nn.Embedding on a QuantWeight: each looked-up row de-quantized (times the model's embed_scale, if any)."""
 

@@ -88,23 +88,24 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& h, co
 }
 
 // In place: every head of q [R, Hq*D] and k [R, Hk*D] rotated by row r's cos / sin [R, D], as transformers'
-// apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
+// apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). q and k may be column slices
+// of a wider output (rows of any stride).
 void rope_(torch::Tensor q, torch::Tensor k, const torch::Tensor& cos, const torch::Tensor& sin) {
-  check(q, "rope_");
-  check(k, "rope_");
   check(cos, "rope_");
   check(sin, "rope_");
   const int64_t D = cos.size(-1), R = cos.numel() / D, half = D / 2;
-  TORCH_CHECK(D % 2 == 0 && sin.numel() == cos.numel() && q.numel() % (R * D) == 0 && k.numel() % (R * D) == 0,
-              "rope_: shapes do not match");
-  const int64_t Hq = q.numel() / (R * D), Hk = k.numel() / (R * D);
+  for (const auto* t : {&q, &k})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->device().is_cpu() && t->dim() == 2 && t->stride(1) == 1 &&
+                t->size(0) == R && t->size(1) % D == 0, "rope_: q and k are float32 CPU [rows, heads * head size]");
+  TORCH_CHECK(D % 2 == 0 && sin.numel() == cos.numel(), "rope_: shapes do not match");
+  const int64_t Hq = q.size(1) / D, Hk = k.size(1) / D, qs = q.stride(0), ks = k.stride(0);
   float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *snp = sin.data_ptr<float>();
   at::parallel_for(0, R, grain((Hq + Hk) * D), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *c = cp + r * D, *s = snp + r * D;
       for (int64_t h = 0; h < Hq + Hk; ++h) {
-        float* x = h < Hq ? qp + (r * Hq + h) * D : kp + (r * Hk + (h - Hq)) * D;
+        float* x = h < Hq ? qp + r * qs + h * D : kp + r * ks + (h - Hq) * D;
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
           const float a = x[i], b = x[i + half];

@@ -103,3 +103,22 @@ def test_bad_shapes_are_refused_with_the_reason(ext):
         quantized.QuantWeight(quantized.DECODERS["Q8_0"][1], 16, 40)
     with pytest.raises(ValueError, match="not supported"):
         quantized.from_gguf_blocks("IQ2_XXS", np.zeros((1, 1), np.uint8), 1, 256)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_merged_projections_are_the_same_bits_as_separate_calls(ext, name):
+    shapes = [(48, 512), (16, 512), (40, 512)]  # q, k, v: whole panels, then a partial last one
+    mods = [quantized.QuantLinear(quantized.from_gguf_blocks(name, random_blocks(name, *s, seed=i), *s),
+                                  torch.randn(s[0])) for i, s in enumerate(shapes)]
+    x = torch.randn(9, 512)
+    apart = [m(x) for m in mods]
+    weight, bias = quantized.merge_linears(mods)
+    together = weight.linear(x, bias)
+    assert torch.equal(together, torch.cat(apart, dim=1))
+    assert all(torch.equal(m(x), a) for m, a in zip(mods, apart))  # the modules now read views of the merged blocks
+    assert mods[0].packed.data_ptr() == weight.packed.data_ptr()  # no second copy
+    assert quantized.merge_linears(mods[:1]) is None
+    other = quantized.QuantLinear(quantized.from_gguf_blocks("Q5_0", random_blocks("Q5_0", 16, 512), 16, 512),
+                                  torch.randn(16))
+    assert quantized.merge_linears([mods[0], other]) is None  # formats differ
+    assert quantized.merge_linears([mods[2], mods[0]]) is None  # a partial panel before the last part
