@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternate the two sides this many times (the machine's load drifts); medians over rounds")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     ks = [int(k) for k in args.ks.split(",")]
     rt, path = ours(args.model, args.weights)
     rounds_mine: list[dict] = []

@@ -39,6 +39,8 @@ def fused_support(model: torch.nn.Module) -> tuple[bool, str]:
         return False, f"model type {cfg.model_type!r} is not one of {MODEL_TYPES}"
     if getattr(cfg, "hidden_act", None) != "silu":
         return False, f"activation {getattr(cfg, 'hidden_act', None)!r} is not silu"
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        return False, "a partial rotary embedding is in use"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
         return False, "no decoder layers at model.layers"
@@ -122,6 +124,8 @@ def fused_forward(self, plan: _Plan, hidden_states: torch.Tensor, attention_mask
     if b != 1 or hidden_states.dtype != torch.float32:  # the packed runtime passes one row of N tokens
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    if cache is None:  # transformers before 5.2x hands the layer its cache under the older names
+        cache = kwargs.pop("past_key_values", None) or kwargs.pop("past_key_value", None)
     ops = _KERNEL.module
     attn, mlp = self.self_attn, self.mlp
     h = hidden_states.reshape(b * n, c)

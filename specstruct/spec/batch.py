@@ -163,6 +163,7 @@ class BatchDecoder:
         live = [r for r in decoding if id(r) in steps and not r.finished]
         if len(live) > 1:
             self._size_free(live, steps)
+            live = [r for r in live if not r.finished]
         demands, ks = self._draft_lengths(live, steps)
         fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
         chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
@@ -206,9 +207,13 @@ class BatchDecoder:
         for r, n, chain in zip(decoding, keep, chains):
             if n < len(chain):
                 s = steps[id(r)]
-                fork = r.constraint.fork()
-                if n:
-                    fork.advance(s.cands[:n])
+                try:
+                    fork = r.constraint.fork()
+                    if n:
+                        fork.advance(s.cands[:n])
+                except Exception as err:  # this row's constraint failed: it ends with its error, the others go on
+                    self._fail(r, err)
+                    continue
                 s.trim(n, fork)
                 s.model_room = max(0, min(s.model_limit, s.budget - n))  # the batch policy sizes the model's share
 
