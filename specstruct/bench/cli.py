@@ -162,17 +162,22 @@ def main(
     if scenario == "pipeline":  # prefix cache on vs off over one schema and ten passages
         from specstruct.bench.pipeline import main as pipeline
 
-        ignored = [name for name, given in (("--plot", plot_path), ("--baselines", baselines),
-                                            ("--temperature", temperature)) if given]
+        ignored = [name for name, given in (("--plot", plot_path), ("--temperature", temperature)) if given]
         if ignored:
-            raise typer.BadParameter(f"--scenario pipeline has its own sides (cached and cold specstruct, outlines) "
-                                     f"and decodes greedily; leave out {', '.join(ignored)}", param_hint=ignored[0])
+            raise typer.BadParameter(f"--scenario pipeline has no plot and decodes greedily; leave out "
+                                     f"{', '.join(ignored)}", param_hint=ignored[0])
+        extra = [b.strip() for b in (baselines or "").split(",") if b.strip()]
+        if set(extra) - {"llama.cpp"}:
+            raise typer.BadParameter(f"--scenario pipeline has its own sides (cached and cold specstruct, batched, "
+                                     f"outlines); --baselines adds only llama.cpp, not {extra}",
+                                     param_hint="--baselines")
+        llama = llama_side(model, llama_server, llama_gguf) if extra else None
 
         with console.status("loading models"):
             engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
         pipeline(engine, console, limit, max_new_tokens, out, markdown_out,
                  None if quiet else lambda done, total, what: console.log(f"{done}/{total} {what}"),
-                 others=not quick)  # --quick: in sequence only (no batched run, no outlines)
+                 others=not quick, llama=llama)  # --quick: in sequence only (no batched run, no outlines)
         return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if any(s not in SCENARIOS for s in scenarios):

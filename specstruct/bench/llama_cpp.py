@@ -156,9 +156,12 @@ class LlamaCppSide:
         return body
 
     def measure(self, workload: Workload) -> Measurement:
+        return self.complete(self.request(workload))
+
+    def complete(self, body: dict[str, Any]) -> Measurement:
+        """POST one `/completion` body; the reply as a Measurement (wall clock, prefill and decode from `timings`)."""
         import httpx
 
-        body = self.request(workload)
         start = time.perf_counter()
         resp = httpx.post(self.url + "/completion", json=body, timeout=1800.0)
         elapsed = time.perf_counter() - start

@@ -127,7 +127,6 @@ def peak_rss_mib() -> float:
 def chunking_cost(runtime: Any, ids: list[int], repeats: int = 3) -> dict[str, Any]:
     """Prefill `ids` cold on the engine's own (row-invariant) runtime, alternating one block and `prefill_chunk`-token
     chunks. Against transformers' stock forward: `python -m benchmarks.forward_cost --prefill N`."""
-    from specstruct.runtime.kv.prefill import chunked_extend
     from specstruct.testing import OneSequence
 
     runtime = OneSequence(runtime)  # one sequence over the runtime's packed forward
@@ -139,7 +138,7 @@ def chunking_cost(runtime: Any, ids: list[int], repeats: int = 3) -> dict[str, A
             if how == "one_block":
                 runtime.extend(ids, last_only=True)
             else:
-                chunked_extend(runtime, ids, 0, runtime.prefill_chunk)
+                runtime.extend_chunked(ids)
             times[how].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     return dict(tokens=len(ids), chunk=runtime.prefill_chunk, repeats=repeats, seconds=times,
@@ -170,6 +169,21 @@ def markdown(res: dict[str, Any]) -> str:
         lines.insert(-1, f"| end-to-end JSON tokens/s, all {n} passages at once (batched) | "
                          f"{b['cache']['tokens_per_s']:.2f} | {b['no_cache']['tokens_per_s']:.2f} | {b['speedup']:.2f}x |")
         lines.insert(-1, f"| batched outputs identical (cache on vs off) | {b['identical']} | | |")
+    lc = res.get("llama.cpp")
+    if lc:
+        lw, lcold = lc["cache"], lc["no_cache"]
+        lines += ["", f"llama.cpp ({lc['numerics']}), the same {n} prompts and schema in sequence:", "",
+                  "| | specstruct, prefix cache | llama.cpp, prompt cache | ratio | llama.cpp, cache off |",
+                  "|---|---|---|---|---|",
+                  f"| wall clock, all {n} calls (s) | {w['wall_s']:.2f} | {lw['wall_s']:.2f} | "
+                  f"{lw['wall_s'] / w['wall_s']:.2f}x | {lcold['wall_s']:.2f} |",
+                  f"| end-to-end JSON tokens/s | {w['e2e_tokens_per_s']:.2f} | {lw['e2e_tokens_per_s']:.2f} | "
+                  f"{w['e2e_tokens_per_s'] / lw['e2e_tokens_per_s']:.2f}x | {lcold['e2e_tokens_per_s']:.2f} |",
+                  f"| prefill, median of calls 2-{n} (s) | {w['prefill_s_median']:.2f} | {lw['prefill_s_median']:.2f} "
+                  f"| {lw['prefill_s_median'] / w['prefill_s_median']:.2f}x | {lcold['prefill_s_median']:.2f} |",
+                  f"| valid outputs | {n}/{n} | {lw['valid']}/{n} | | {lcold['valid']}/{n} |",
+                  f"| cached output == cold output | {n if s['identical'] else 'not all'}/{n} | {lc['identical']}/{n} "
+                  "| | |"]
     o = res.get("outlines")
     if o and "skipped" not in o:
         lines += ["", f"outlines on the same weights ({o['numerics']}), the same {o['calls']} passages one at a time: "
@@ -189,9 +203,10 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out: str | None,
          markdown_out: str | None, progress: Callable[[int, int, str], None] | None,
-         others: bool = True) -> dict[str, Any]:
+         others: bool = True, llama: Any = None) -> dict[str, Any]:
     """`specstruct bench --scenario pipeline`: the chunking cost, the pipeline in sequence, then (with `others`)
-    the same passages batched and through outlines; prints the Markdown table."""
+    the same passages batched and through outlines, and (with a `llama` side) through llama-server; prints the
+    Markdown table."""
     import json
     from pathlib import Path
 
@@ -210,6 +225,14 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
         passages = pipeline_passages(limit or 10)
         res["batched"] = run_batched(engine, SYSTEM, passages, max_new_tokens, progress)
         res["outlines"] = run_outlines(engine, SYSTEM, passages, max_new_tokens, progress)
+    if llama is not None:
+        from specstruct.bench.pipeline_sides import run_llama
+
+        try:
+            res["llama.cpp"] = run_llama(llama, engine, SYSTEM, pipeline_passages(limit or 10), max_new_tokens,
+                                         progress)
+        finally:
+            llama.close()
     text = markdown(res)
     console.print(text)
     if out:

@@ -1,11 +1,13 @@
-"""The pipeline scenario's other two sides: the same passages all at once (batched, through the scheduler) with the
-prefix cache on and off, and outlines on the same weights one passage at a time (it keeps no cache across calls).
+"""The pipeline scenario's other sides: the same passages all at once (batched, through the scheduler) with the
+prefix cache on and off; outlines on the same weights one passage at a time (it keeps no cache across calls); and,
+with `--baselines llama.cpp`, llama-server on the same GGUF in sequence with its prompt cache on and off.
 
-Both report end-to-end JSON tokens/s (new tokens of all calls / wall time) beside the sequential runs of
+Each reports end-to-end JSON tokens/s (new tokens of all calls / wall time) beside the sequential runs of
 pipeline.py, so one run shows the cache in sequence, the cache under batching, and a peer."""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from typing import Any, Callable
@@ -84,3 +86,35 @@ def _valid(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def run_llama(side: Any, engine: Any, system: str, passages: list[str], max_new_tokens: int,
+              progress: Progress = None) -> dict[str, Any]:
+    """llama-server on the same GGUF, the same prompt ids and schema, the passages in sequence: first with its
+    prompt cache on (`cache_prompt: true`: one slot keeps the previous prompt's KV and reuses the common prefix;
+    the server starts empty, so call 1 is cold, as specstruct's is after clear_cache), then with it off. Reports
+    each call's wall clock, prefill and tokens, whether each cached output equals its cold one, and validity."""
+    from specstruct.bench.llama_cpp import schema_of
+
+    side.start()
+    out: dict[str, Any] = {"numerics": side.numerics()}
+    for cached in (True, False):
+        calls = []
+        for i, passage in enumerate(passages):
+            if progress:
+                progress(i, len(passages), f"llama.cpp, prompt cache {'on' if cached else 'off'}: passage {i + 1}")
+            ids = engine.prompt_ids(messages_for(system, passage), Person, max_new_tokens=max_new_tokens)
+            body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": 0.0, "seed": 0,
+                    "cache_prompt": cached, "return_tokens": True, "json_schema": schema_of(Person)}
+            m = side.complete(body)
+            calls.append(dict(wall_s=m.elapsed_s, prefill_s=m.times.get("prefill_s"), new_tokens=m.new_tokens,
+                              prompt_tokens=len(ids), token_ids=m.token_ids, valid=_valid(m.text)))
+        wall = sum(c["wall_s"] for c in calls)
+        out["cache" if cached else "no_cache"] = dict(
+            calls=calls, wall_s=wall, tokens=sum(c["new_tokens"] for c in calls),
+            e2e_tokens_per_s=sum(c["new_tokens"] for c in calls) / wall if wall else 0.0,
+            prefill_s_median=statistics.median(c["prefill_s"] or 0.0 for c in calls[1:] or calls),
+            valid=sum(c["valid"] for c in calls))
+    out["identical"] = sum(a["token_ids"] == b["token_ids"]
+                           for a, b in zip(out["cache"]["calls"], out["no_cache"]["calls"]))
+    return out
