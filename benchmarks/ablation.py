@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 import typer
+from specstruct.testing import run_alone
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "target-only": dict(enable_speculative=False),
@@ -128,7 +129,7 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
             timer.t.clear()
             timer.on = True
             try:
-                dec = eng.engine.decode(ids, eng.constraint(w.output_type).fork(), cfg).run()
+                dec = run_alone(eng.engine.row(ids, eng.constraint(w.output_type).fork(), cfg))
             finally:
                 timer.on = False
             st = dec.stats

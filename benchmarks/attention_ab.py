@@ -30,7 +30,7 @@ def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, f
     rt = OneSequence(model)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache + max(ks),), generator=gen).tolist()
-    rt.prefill(ids[:cache], reuse=False)
+    rt.prefill(ids[:cache])
     times: dict[tuple[str, int], list[float]] = {}
     logits: dict[tuple[str, int], torch.Tensor] = {}
     for r in range(repeats + 1):  # the first round warms up

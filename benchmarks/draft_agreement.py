@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 
 import torch
+from specstruct.testing import run_alone
 
 
 def _masks(constraint, out):
@@ -38,7 +39,7 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
     try:
         ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
         c = eng.constraint(w.output_type)
-        dec = eng.engine.decode(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)).run()
+        dec = run_alone(eng.engine.row(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)))
     finally:
         batch_module.run_drafts = inner
     out, P = dec.token_ids, len(ids)

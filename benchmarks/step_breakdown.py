@@ -52,7 +52,7 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
 
     rt = OneSequence(model)
     vocab = rt.vocab_size
-    rt.prefill([(100 + i) % vocab for i in range(cache)], reuse=False)
+    rt.prefill([(100 + i) % vocab for i in range(cache)])
     head = model.get_output_embeddings()
     totals: collections.Counter = collections.Counter()
     with contextlib.ExitStack() as stack:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any, Iterator
 
 import torch
 
@@ -243,10 +244,8 @@ def write_gguf(model, path, quant: str = "Q8_0"):
 
 
 class OneSequence:
-    """One KV sequence on a ModelRuntime, for tests and probes: prefill (through a prefix cache when one is set) /
-    extend / crop, each a call of the runtime's own packed `forward`. Anything else is the runtime's."""
-
-    prefix_cache = None  # a PrefixCache to reuse prefixes through (runtime.kv.prefill.cached_prefill)
+    """One KV sequence on a ModelRuntime, for tests and probes: prefill / extend / crop, each a call of the
+    runtime's own packed `forward` (the batch decoder's). Anything else is the runtime's."""
 
     def __init__(self, model_or_runtime, **runtime_options):
         from specstruct.runtime.model_runtime import ModelRuntime
@@ -254,7 +253,6 @@ class OneSequence:
         self.runtime = model_or_runtime if isinstance(model_or_runtime, ModelRuntime) \
             else ModelRuntime(model_or_runtime, **runtime_options)
         self.seq = None
-        self.cached_tokens = 0
         self.prefill_chunk = 32  # results do not depend on it (row-wise attention, row-invariant linears)
 
     def __getattr__(self, name):
@@ -268,14 +266,23 @@ class OneSequence:
     def length(self) -> int:
         return 0 if self.seq is None else self.seq.length
 
-    def prefill(self, ids, *, cache_salt=None, reuse: bool = True) -> torch.Tensor:
-        """Start the sequence on `ids` (reusing the longest cached prefix where exact); logits after the last id."""
-        from specstruct.runtime.kv.prefill import cached_prefill
+    def prefill(self, ids) -> torch.Tensor:
+        """Start the sequence on `ids`, read in `prefill_chunk` blocks; logits after the last id [vocab]."""
+        self.start([], 0)
+        return self.extend_chunked(ids)
 
-        cache = self.prefix_cache if reuse and self.runtime.reuses_prefixes else None
-        logits, self.cached_tokens = cached_prefill(self, ids, cache=cache, namespace=(self.cache_key, cache_salt),
-                                                    chunk=self.prefill_chunk)
-        return logits
+    def extend_chunked(self, ids) -> torch.Tensor:
+        """Append `ids` in blocks cut at multiples of `prefill_chunk` positions, as the batch decoder reads a
+        prompt; logits after the last id [vocab]."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("nothing to prefill: at least one token must run")
+        i, pos, logits = 0, self.length, None
+        while i < len(ids):
+            n = min(len(ids) - i, self.prefill_chunk - pos % self.prefill_chunk)
+            logits = self.extend(ids[i: i + n], last_only=True)
+            i, pos = i + n, pos + n
+        return logits[-1]
 
     def start(self, layers: list, length: int) -> None:
         self.seq = self.runtime.sequence(layers, length)
@@ -291,3 +298,28 @@ class OneSequence:
 
     def crop(self, length: int) -> None:
         self.seq.crop(length)
+
+
+def steps_alone(row: Any) -> Iterator[list[int]]:
+    """Decode one row (`speculator.row(...)`) as a batch of one through the BatchDecoder the scheduler drives,
+    without the scheduler's thread: yields the tokens each step committed, raises the row's error at the end."""
+    from specstruct.spec.batch import BatchDecoder
+
+    batch = BatchDecoder(row.engine)
+    batch.add(row)
+    try:
+        while len(batch):
+            for _, tokens, _ in batch.step():
+                if tokens:
+                    yield tokens
+    finally:
+        batch.remove(row)
+    if row.error is not None:
+        raise row.error
+
+
+def run_alone(row: Any) -> Any:
+    """`steps_alone` to the end; returns the finished row (token_ids, finish_reason, stats)."""
+    for _ in steps_alone(row):
+        pass
+    return row

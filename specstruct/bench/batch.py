@@ -46,7 +46,7 @@ def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefi
     slot is refilled at the next step; concurrency 1 is one at a time). All are submitted at t = 0.
     `max_decode_step_s`: the longest step while some row was decoding (what a running row waited at most)."""
     core = engine.engine
-    rows = [core.decode(r.ids, r.constraint.fork(), r.config) for r in requests]
+    rows = [core.row(r.ids, r.constraint.fork(), r.config) for r in requests]
     waiting = list(rows)
     batch = BatchDecoder(core, prefill_chunk=prefill_chunk, adaptive_prefill=adaptive_prefill)
     done_at: dict[int, float] = {}
@@ -119,14 +119,14 @@ def measure_prefill_interference(engine, running: Sequence[Request], long_prompt
                                  ("whole_prompt", 10**9, True)):
         core = engine.engine
         batch = BatchDecoder(core, prefill_chunk=chunk, adaptive_prefill=adaptive_prefill)
-        rows = [core.decode(r.ids, r.constraint.fork(), r.config) for r in running]
+        rows = [core.row(r.ids, r.constraint.fork(), r.config) for r in running]
         for r in rows:
             batch.add(r)
         while any(r.prefilling for r in rows):
             batch.step()
         for _ in range(warm_steps):
             batch.step()
-        newcomer = core.decode(long_prompt.ids, long_prompt.constraint.fork(), long_prompt.config)
+        newcomer = core.row(long_prompt.ids, long_prompt.constraint.fork(), long_prompt.config)
         if arrive:
             batch.add(newcomer)
         gaps, reading = [], 0

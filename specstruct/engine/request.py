@@ -20,7 +20,7 @@ class Request:
     def __init__(self, prompt: list[int], constraint: Any, config: Any, *, wake: Callable[[], None],
                  loop: asyncio.AbstractEventLoop | None = None):
         self.prompt, self.constraint, self.config = prompt, constraint, config
-        self.row: Any = None  # the engine's Decode once the request has finished
+        self.row: Any = None  # the engine's Row once the request has finished
         self.error: BaseException | None = None
         self.cancelled = self.done = False
         self.submitted = time.perf_counter()
@@ -106,7 +106,7 @@ class Request:
             raise self.error
 
     def result(self, deadline: float | None = None) -> Any:
-        """Block until finished; returns the row (the engine's Decode)."""
+        """Block until finished; returns the row (the engine's Row)."""
         for _ in self.tokens(deadline):
             pass
         return self.row

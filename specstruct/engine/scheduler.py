@@ -25,7 +25,8 @@ from typing import Any, Callable, Protocol
 from specstruct.config import BatchConfig
 from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
 from specstruct.spec.batch import BatchDecoder
-from specstruct.spec.speculator import Decode, Speculator
+from specstruct.spec.row import Row
+from specstruct.spec.speculator import Speculator
 from specstruct.runtime.openmp import release_pool
 from specstruct.runtime.kv.memory import extra_headroom
 from specstruct.engine.preempt import Preemption, held
@@ -35,9 +36,9 @@ from specstruct.engine.request import Request
 class RowDecoder(Protocol):
     """What the scheduler drives: the batch decoder (spec.batch.BatchDecoder), or a test's stand-in."""
 
-    def add(self, row: Decode) -> None: ...
-    def remove(self, row: Decode) -> None: ...
-    def step(self) -> list[tuple[Decode, list[int], bool]]: ...
+    def add(self, row: Row) -> None: ...
+    def remove(self, row: Row) -> None: ...
+    def step(self) -> list[tuple[Row, list[int], bool]]: ...
     def __len__(self) -> int: ...
 
 
@@ -55,8 +56,8 @@ class Scheduler:
         self.decoder: RowDecoder | None = None
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
-        self._active: dict[int, tuple[Decode, Request]] = {}  # id(row) -> (row, request); loop thread only
-        self._paused: dict[Request, Decode] = {}  # paused requests (queued in _waiting) -> their rows
+        self._active: dict[int, tuple[Row, Request]] = {}  # id(row) -> (row, request); loop thread only
+        self._paused: dict[Request, Row] = {}  # paused requests (queued in _waiting) -> their rows
         self.preemption = preemption  # None: no KV budget across rows (a decoder without pause/resume)
         self._thread: threading.Thread | None = None
         self._closed: BaseException | None = None
@@ -235,7 +236,7 @@ class Scheduler:
                 self.preemption.resume(self.decoder, paused)
                 row = self._paused.pop(req)
             else:
-                row = self.engine.decode(req.prompt, req.constraint, req.config)
+                row = self.engine.row(req.prompt, req.constraint, req.config)
                 self.decoder.add(row)
         except Exception as err:  # noqa: BLE001 - this request fails alone, before it takes a slot
             self._end_waiting(req, err)
@@ -252,7 +253,7 @@ class Scheduler:
         self.preemption.discard(row)
         self._drop(row, req, error)
 
-    def _drop(self, row: Decode, req: Request, error: BaseException | None) -> None:
+    def _drop(self, row: Row, req: Request, error: BaseException | None) -> None:
         self._active.pop(id(row), None)
         try:
             self.decoder.remove(row)

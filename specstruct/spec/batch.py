@@ -38,7 +38,7 @@ CATCH_UP = 256  # context tokens a draft reads per step when it first drafts for
 
 
 class BatchDecoder:
-    """Decodes many requests in lockstep. `add` admits a row made by `engine.decode(...)`; `step` advances all;
+    """Decodes many requests in lockstep. `add` admits a row made by `speculator.row(...)`; `step` advances all;
     finished rows leave by themselves, `remove` cancels one."""
 
     def __init__(self, engine: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):

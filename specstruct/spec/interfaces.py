@@ -15,6 +15,8 @@ from specstruct.constraints.base import Constraint, Mode
 if TYPE_CHECKING:
     import torch
 
+    from specstruct.config import SpecConfig
+
 
 @dataclass
 class Draft:
@@ -50,9 +52,10 @@ class Plan:
 
 @runtime_checkable
 class Policy(Protocol):
-    def plan(self, mode: Mode) -> Plan: ...
+    def plan(self, mode: Mode, config: "SpecConfig | None" = None) -> Plan: ...
 
-    def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int) -> None: ...
+    def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int,
+                config: "SpecConfig | None" = None) -> None: ...
 
     def observe_cost(self, kind: str, rows: int, seconds: float) -> None: ...
 
@@ -69,8 +72,8 @@ class Sequence_(Protocol):
 
 @runtime_checkable
 class Runtime(Protocol):
-    """A causal LM with per-sequence KV caches (`sequence`, `forward`: what batches use) and one default
-    sequence (`prefill`, `extend`, `crop`, `length`)."""
+    """A causal LM with per-sequence KV caches: `sequence` makes one, `forward` runs one pass over the segments of
+    many (the batch decoder's only call: prefill chunks, draft steps and verification alike)."""
 
     vocab_size: int
 
@@ -82,18 +85,3 @@ class Runtime(Protocol):
         """One pass appending each segment's tokens to its sequence; logits [keep[i], vocab] of each segment's
         last keep[i] tokens."""
         ...
-
-    def prefill(self, ids: Sequence[int]) -> "torch.Tensor":
-        """Reset the cache, run the prompt, return logits of the last position [vocab]."""
-        ...
-
-    def extend(self, ids: Sequence[int]) -> "torch.Tensor":
-        """Append tokens to the cache, return their logits [len(ids), vocab]."""
-        ...
-
-    def crop(self, length: int) -> None:
-        """Drop cached positions beyond `length`."""
-        ...
-
-    @property
-    def length(self) -> int: ...

@@ -47,10 +47,13 @@ def _ema(old: float | None, new: float) -> float:
 
 
 class AdaptivePolicy:
-    """Mode caps, acceptance-driven growth around `adaptive_threshold`, and a cost gate for the draft model."""
+    """Mode caps, acceptance-driven growth around `adaptive_threshold`, and a cost gate for the draft model.
+
+    One policy is shared by an engine's requests (what it learns: acceptance, costs); each request plans and learns
+    with its own config, passed to `plan` and `observe` (the engine's `config` when none is given)."""
 
     def __init__(self, config: SpecConfig, available: set[str], use_timing: bool = True):
-        self.config = config
+        self.config = config  # the engine's: used by calls that pass none
         self.use_timing = use_timing  # False: plans depend only on acceptance, so seeded sampling reproduces
         self.available = [d for d in ORDER if d in available]
         self.k: dict[tuple[Mode, str], int] = {}
@@ -64,29 +67,30 @@ class AdaptivePolicy:
         self.arm_idle: dict[Mode, int] = defaultdict(int)
 
     # -- planning ---------------------------------------------------------------------------------------------
-    def plan(self, mode: Mode) -> Plan:
-        cap = self.config.cap(mode)
-        if not self.config.enable_speculative or cap <= 0:
+    def plan(self, mode: Mode, config: SpecConfig | None = None) -> Plan:
+        cfg = config or self.config
+        cap = cfg.cap(mode)
+        if not cfg.enable_speculative or cap <= 0:
             return Plan(k=0)
         limits: dict[str, int] = {}
         for name in self.available:
-            if not getattr(self.config, SWITCH[name]):
+            if not getattr(cfg, SWITCH[name]):
                 continue
             if name == "forced":
                 limits[name] = cap
             else:
-                limits[name] = self._limit(mode, name, cap)
+                limits[name] = self._limit(mode, name, cap, cfg)
         drafters = [d for d in ORDER if limits.get(d, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
-    def _limit(self, mode: Mode, name: str, cap: int) -> int:
+    def _limit(self, mode: Mode, name: str, cap: int, cfg: SpecConfig) -> int:
         key = (mode, name)
-        k = self.k.setdefault(key, max(0, min(self.config.initial_candidates, cap)))
+        k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
         if name == "model" and self.use_timing and not self._model_arm(mode):
             return 0
         if name != "model" or k == 0 or not self.costs_measured():
             return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
-        best = self.best_k(mode, k)
+        best = self.best_k(mode, k, cfg.adaptive_threshold)
         if best == 0:
             self.idle_steps[key] += 1
             if self.idle_steps[key] >= PROBE_EVERY:  # re-measure acceptance now and then
@@ -94,10 +98,12 @@ class AdaptivePolicy:
                 return 1
         return best
 
-    def best_k(self, mode: Mode, k_max: int) -> int:
-        """The draft length in 0..k_max that maximises expected tokens per second."""
+    def best_k(self, mode: Mode, k_max: int, threshold: float | None = None) -> int:
+        """The draft length in 0..k_max that maximises expected tokens per second (acceptance `threshold`, by
+        default the engine's, until one is measured)."""
         a = self.rate[(mode, "model")]
-        a = self.config.adaptive_threshold if a is None else a
+        if a is None:
+            a = self.config.adaptive_threshold if threshold is None else threshold
         c = self.cost_ratio()
         best, best_rate = 0, 1.0  # k = 0: one token per T(1)
         for k in range(1, k_max + 1):
@@ -161,23 +167,24 @@ class AdaptivePolicy:
         return PRIOR_DRAFT_COST
 
     # -- learning ---------------------------------------------------------------------------------------------
-    def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int) -> None:
+    def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int, config: SpecConfig | None = None) -> None:
         """Per-token acceptance of one step's proposal; grow while it stays above the threshold, shrink below."""
         if proposed <= 0:
             return
+        cfg = config or self.config
         key = (mode, drafter)
         # the average starts from the threshold, not from the first observation: one unlucky first step (a draft
         # judged on 3 tokens, 1 accepted) must not switch the draft model off for PROBE_EVERY steps
-        prior = self.rate[key] if self.rate[key] is not None else self.config.adaptive_threshold
+        prior = self.rate[key] if self.rate[key] is not None else cfg.adaptive_threshold
         rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
         if drafter == "forced":
             return
-        cap = self.config.cap(mode)
-        k = self.k.get(key, self.config.initial_candidates)
-        if rate >= self.config.adaptive_threshold and accepted == proposed:
+        cap = cfg.cap(mode)
+        k = self.k.get(key, cfg.initial_candidates)
+        if rate >= cfg.adaptive_threshold and accepted == proposed:
             k = min(cap, k + GROW)  # all accepted: grow fast (transformers' assisted generation adds 2 too)
-        elif rate < self.config.adaptive_threshold:
+        elif rate < cfg.adaptive_threshold:
             k = max(1, k - 1)
         self.k[key] = k
 

@@ -8,7 +8,6 @@ everything that is per request: constraint state, policy and acceptance history,
 from __future__ import annotations
 
 import time
-import types
 from typing import Any
 
 import torch
@@ -41,24 +40,6 @@ class _Timed:
         return getattr(self.inner, name)
 
 
-class _WithConfig:
-    """The engine's shared policy (what it learned: acceptance, costs) driven by one request's config, so a
-    request never overwrites the config other requests plan with."""
-
-    def __init__(self, policy: AdaptivePolicy, config: SpecConfig):
-        object.__setattr__(self, "_policy", policy)
-        object.__setattr__(self, "config", config)
-
-    def __getattr__(self, name):
-        method = getattr(type(self._policy), name, None)
-        if callable(method):
-            return types.MethodType(method, self)  # the policy's own code, reading this request's config
-        return getattr(self._policy, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._policy, name, value)  # learning lands in the shared policy
-
-
 def generator_seed(seed: int) -> int:
     """torch's CPU generator keeps the low 32 bits of its seed, so 0, 2**32 and 2**63 gave the same samples. Seeds
     in [0, 2**32) are used as given (seeded outputs stay as they were); others are mixed (splitmix64) first."""
@@ -84,11 +65,9 @@ class Row:
         self.error: BaseException | None = None
         self.finished = False
         self.seeded = config.temperature > 0 and config.seed is not None
-        if self.seeded:
-            # a seeded sample must not depend on timings, earlier requests or the batch: plan from this request alone
-            self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False)
-        else:
-            self.policy = _WithConfig(engine.policy, config)
+        # the engine's policy (what it learned), planned and taught with this request's config; a seeded sample must
+        # not depend on timings, earlier requests or the batch: it plans from this request alone
+        self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False) if self.seeded else engine.policy
         self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
@@ -100,7 +79,7 @@ class Row:
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _plan(self):
-        return self.policy.plan(self.constraint.mode)
+        return self.policy.plan(self.constraint.mode, self.config)
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:
@@ -252,7 +231,7 @@ class Row:
                 st.proposed += seen
                 st.judged += seen
                 st.accepted += got
-                self.policy.observe(self.constraint.mode, name, count, got)
+                self.policy.observe(self.constraint.mode, name, count, got, self.config)
 
 
 class Step:

@@ -1,8 +1,8 @@
 """The speculator (a model pair, its proposers and policy) and one request as a row.
 
-`Speculator` owns the target runtime, the drafters and the shared policy; `speculator.decode(...)` makes a `Decode` (a
-row, row.py). Iterating a Decode runs it as a batch of one through the same BatchDecoder that serves many
-requests (batch.py), so there is one decode loop. Each step:
+`Speculator` owns the target runtime, the drafters and the shared policy; `speculator.row(...)` makes one request's
+`Row` (row.py), which the scheduler hands to the BatchDecoder (batch.py): one decode loop, whether a batch holds one
+row or many. Each step:
 
   1. draft    forced text, then prompt lookup, then the draft model, each on a fork of the constraint
   2. verify   one target pass over [last committed token, candidates]; accept the longest prefix the target agrees
@@ -16,10 +16,9 @@ way (greedy: token for token; sampling: in distribution).
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from specstruct.config import SpecConfig
-from specstruct.spec.batch import BatchDecoder
 from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
 from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
 from specstruct.spec.policy import AdaptivePolicy
@@ -27,7 +26,7 @@ from specstruct.spec.row import Row
 
 
 class Speculator:
-    """Owns the target runtime, the drafters and the policy; `decode` runs one request."""
+    """Owns the target runtime, the drafters and the policy; `row` makes one request."""
 
     def __init__(
         self,
@@ -48,28 +47,6 @@ class Speculator:
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
 
-    def decode(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> "Decode":
-        return Decode(self, list(prompt), constraint, config)
-
-
-class Decode(Row):
-    """One request. Iterate it to receive committed tokens step by step (or `run()` it); afterwards read
-    `token_ids`, `finish_reason` and `stats`. For many requests at once, `BatchDecoder.add` it instead."""
-
-    def __iter__(self) -> Iterator[list[int]]:
-        batch = BatchDecoder(self.engine)
-        batch.add(self)
-        try:
-            while len(batch):
-                for _, tokens, _ in batch.step():
-                    if tokens:
-                        yield tokens
-        finally:
-            batch.remove(self)
-        if self.error is not None:
-            raise self.error
-
-    def run(self) -> "Decode":
-        for _ in self:
-            pass
-        return self
+    def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:
+        """One request, ready for `BatchDecoder.add`."""
+        return Row(self, list(prompt), constraint, config)

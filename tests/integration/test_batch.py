@@ -17,7 +17,7 @@ from specstruct.spec.batch import BatchDecoder
 from specstruct.runtime.model_runtime import quantize_draft
 
 from test_speculative import PROMPTS, SPECS, _compile, _engine
-from specstruct.testing import OneSequence
+from specstruct.testing import OneSequence, run_alone
 
 KINDS = list(SPECS)  # json, regex, choice, grammar, text, code
 
@@ -51,7 +51,7 @@ def test_row_logits_are_bitwise_the_same_alone_or_packed(tok, target):
 
 
 def _alone(eng, tok, kind, prompt, cfg):
-    return eng.decode(_ids(tok, prompt), _compile(tok, eng, kind).fork(), cfg).run().token_ids
+    return run_alone(eng.row(_ids(tok, prompt), _compile(tok, eng, kind).fork(), cfg)).token_ids
 
 
 @pytest.mark.parametrize("draft_kind", ["close-int8", "far", "none"])
@@ -62,7 +62,7 @@ def test_batched_greedy_equals_alone_for_mixed_rows(tok, target, close_draft, fa
     jobs += [("json", PROMPTS[1], SpecConfig(max_new_tokens=40)), ("text", PROMPTS[2], SpecConfig(max_new_tokens=9))]
     expected = [_alone(eng, tok, k, p, c) for k, p, c in jobs]
     batch = BatchDecoder(eng, prefill_chunk=8)
-    rows = [eng.decode(_ids(tok, p), _compile(tok, eng, k).fork(), c) for k, p, c in jobs]
+    rows = [eng.row(_ids(tok, p), _compile(tok, eng, k).fork(), c) for k, p, c in jobs]
     pending, steps, finished_at, sizes = list(rows), 0, {}, []
     streamed = {id(r): [] for r in rows}
     while pending or len(batch):
@@ -90,8 +90,8 @@ def test_seeded_sampling_is_the_same_whatever_the_batch(tok, target, close_draft
     alone = _alone(eng, tok, "json", PROMPTS[0], cfg)
     for company in (1, 3):
         batch = BatchDecoder(eng, prefill_chunk=5)
-        mine = eng.decode(_ids(tok, PROMPTS[0]), _compile(tok, eng, "json").fork(), cfg)
-        others = [eng.decode(_ids(tok, PROMPTS[(i + 1) % 4]), _compile(tok, eng, KINDS[i]).fork(),
+        mine = eng.row(_ids(tok, PROMPTS[0]), _compile(tok, eng, "json").fork(), cfg)
+        others = [eng.row(_ids(tok, PROMPTS[(i + 1) % 4]), _compile(tok, eng, KINDS[i]).fork(),
                              SpecConfig(temperature=0.8 * (i % 2), max_new_tokens=16)) for i in range(company)]
         batch.add(others[0])
         batch.step()
@@ -107,8 +107,8 @@ def test_a_failing_row_fails_alone(tok, target, close_draft):
     eng = _engine(tok, target, close_draft)
     cfg = SpecConfig(max_new_tokens=20)
     want = _alone(eng, tok, "json", PROMPTS[1], cfg)
-    good = eng.decode(_ids(tok, PROMPTS[1]), _compile(tok, eng, "json").fork(), cfg)
-    bad = eng.decode(_ids(tok, PROMPTS[0]), _compile(tok, eng, "json").fork(), cfg)
+    good = eng.row(_ids(tok, PROMPTS[1]), _compile(tok, eng, "json").fork(), cfg)
+    bad = eng.row(_ids(tok, PROMPTS[0]), _compile(tok, eng, "json").fork(), cfg)
     batch = BatchDecoder(eng)
     batch.add(good)
     batch.add(bad)
@@ -127,7 +127,7 @@ def test_a_failing_row_fails_alone(tok, target, close_draft):
 def test_cancelled_row_frees_its_caches(tok, target, close_draft):
     eng = _engine(tok, target, close_draft)
     cfg = SpecConfig(max_new_tokens=30)
-    rows = [eng.decode(_ids(tok, p), _compile(tok, eng, "json").fork(), cfg) for p in PROMPTS[:2]]
+    rows = [eng.row(_ids(tok, p), _compile(tok, eng, "json").fork(), cfg) for p in PROMPTS[:2]]
     batch = BatchDecoder(eng)
     for r in rows:
         batch.add(r)
@@ -152,7 +152,7 @@ def test_prefill_budget_grows_for_a_burst_of_prompts_only(tok, target, close_dra
     expected = [_alone(eng, tok, k, p, cfg) for k, p in jobs]
     eng.policy.use_timing = False  # the costs below stay as they are
     eng.policy.target_cost = {n: 0.45 + 0.022 * n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 300)}
-    rows = [eng.decode(_ids(tok, p), _compile(tok, eng, k).fork(), cfg) for k, p in jobs]
+    rows = [eng.row(_ids(tok, p), _compile(tok, eng, k).fork(), cfg) for k, p in jobs]
     batch = BatchDecoder(eng, prefill_chunk=32, adaptive_prefill=adaptive)
 
     def read_in_one_step(newcomers):  # prompt tokens all prefilling rows read in the next step

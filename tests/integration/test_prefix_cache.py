@@ -13,9 +13,13 @@ import torch
 import specstruct as ss
 from specstruct.runtime.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
 from specstruct.runtime.kv.layers import span
-from specstruct.runtime.kv.prefill import resume
 from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
-from specstruct.runtime.model_runtime import quantize_draft
+from specstruct.config import SpecConfig
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.spec.batch import BatchDecoder
+from specstruct.spec.speculator import Speculator
 from specstruct.errors import KVMemoryError
 from specstruct.testing import OneSequence
 
@@ -30,42 +34,68 @@ PASSAGES = ["Grace Hopper, 85, invented the compiler.", "Ada Lovelace, 36, wrote
             "Alan Turing, 41, broke codes."]
 
 
-def _cold(rt, ids):
-    logits = rt.prefill(ids, reuse=False)
-    return logits, span(rt.kv_layers(), 0, len(ids))
-
-
 def _same_kv(a, b):
     return all(torch.equal(x, y) and torch.equal(p, q) for (x, p), (y, q) in zip(a, b))
 
 
-@pytest.fixture(params=["target", "draft-float32", "draft-int8", "draft-int8-torchao"])
-def runtime(request, target, close_draft):
-    model = ({"target": target, "draft-float32": close_draft}.get(request.param)
-             or quantize_draft(close_draft, torchao=request.param.endswith("torchao")))
-    return OneSequence(model)
+def _free(tok, rt):
+    return compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=rt.vocab_size,
+                              eos_token_ids=[tok.eos_token_id])
 
 
+def _prefill(spec, tok, ids, *, cached):
+    """One request's prompt through the production path (Speculator.row -> BatchDecoder.add, which takes the
+    longest cached prefix, then BatchDecoder.step until the prompt is read): (logits after the last prompt token,
+    its KV of the prompt, prompt tokens taken from the cache). It then finishes, which offers its KV to the cache."""
+    rt, outputs = spec.target, []
+    forward = rt.forward
+
+    def spy(segments, keep):
+        out = forward(segments, keep)
+        outputs.append(out[0][-1].clone())
+        return out
+
+    row = spec.row(ids, _free(tok, rt), SpecConfig(max_new_tokens=2, enable_speculative=False,
+                                                   use_prefix_cache=cached))
+    batch = BatchDecoder(spec)
+    batch.add(row)
+    rt.forward = spy
+    try:
+        while row.prefilling:
+            batch.step()
+        kv = [(k[..., : len(ids), :].clone(), v[..., : len(ids), :].clone()) for k, v in row.kv.views()]
+        while len(batch):
+            batch.step()
+    finally:
+        del rt.forward
+    return outputs[-1], kv, row.stats.cached_prompt_tokens
+
+
+@pytest.mark.parametrize("numerics", ["target", "draft-float32", "draft-int8", "draft-int8-torchao"])
 @pytest.mark.parametrize("seed_with", ["exact", "shorter", "longer", "divergent"])
-def test_cached_prefill_equals_cold_prefill_bitwise(tok, runtime, seed_with):
+def test_cached_prefill_equals_cold_prefill_bitwise(tok, target, close_draft, seed_with, numerics):
+    """On the production path: a prompt whose prefix an earlier request left in the cache gives bit for bit the
+    logits and KV of the same prompt read cold, whatever part of it was cached, under each numerics the cache
+    serves (the float32 target; a draft model's weights as the target: float32, int8, torch.ao's int8)."""
+    model = ({"target": target, "draft-float32": close_draft}.get(numerics)
+             or quantize_draft(close_draft, torchao=numerics.endswith("torchao")))
+    rt = ModelRuntime(model)
+    rt.prefix_cache = PrefixCache([MemoryTier(1 << 26)])
+    spec = Speculator(rt, tok, [tok.eos_token_id])
     ids = tok.encode(TEXT, add_special_tokens=False)
-    assert len(ids) > 3 * runtime.prefill_chunk // 2
-    cold_logits, cold_kv = _cold(runtime, ids)
+    assert len(ids) > 48  # more than one 32-token prefill chunk
+    cold_logits, cold_kv, none = _prefill(spec, tok, ids, cached=False)
+    assert none == 0 and rt.prefix_cache.info()["cached_tokens"] == 0  # use_prefix_cache=False caches nothing
     seed = {"exact": ids, "shorter": ids[:50], "longer": ids + ids[:20],
             "divergent": ids[:60] + tok.encode(" something else entirely", add_special_tokens=False)}[seed_with]
-    runtime.prefix_cache = PrefixCache([MemoryTier(1 << 26)])
-    runtime.prefill(seed)
-    logits = runtime.prefill(ids)
-    if not runtime.reuses_prefixes:  # torch.ao's int8: a row's numerics depend on its neighbours, so no reuse at all
-        assert runtime.cached_tokens == 0
+    _prefill(spec, tok, seed, cached=True)
+    logits, kv, from_cache = _prefill(spec, tok, ids, cached=True)
+    if not rt.reuses_prefixes:  # torch.ao's int8: a row's numerics depend on its neighbours, so no reuse at all
+        assert from_cache == 0
     else:
-        assert runtime.cached_tokens > 0
+        assert from_cache > 0
     assert torch.equal(logits, cold_logits)
-    assert _same_kv(runtime.kv_layers(), cold_kv)
-    more = tok.encode(' {"name": "Grace"', add_special_tokens=False)
-    warm_next = runtime.extend(more)
-    runtime.prefill(ids, reuse=False)
-    assert torch.equal(warm_next, runtime.extend(more))
+    assert _same_kv(kv, cold_kv)
 
 
 def _engine(tok, target, close_draft, **cfg):
@@ -192,9 +222,12 @@ def test_spill_and_resume_continue_exactly(tok, target, tmp_path, damage):
     if damage:
         next(tmp_path.rglob("*.safetensors")).unlink()
         with pytest.warns(KVLostWarning):
-            assert resume(rt, handle, store, rt.prefill_chunk) is False  # re-prefilled from its tokens
+            seq = store.restore(handle)
+        assert seq.layers is None and seq.tokens == prompt + generated  # lost: its tokens, to read again
+        rt.prefill(seq.tokens)
     else:
         store.prefetch(handle)
-        assert resume(rt, handle, store, rt.prefill_chunk) is True
+        seq = store.restore(handle)
+        rt.start(seq.layers, len(seq.tokens))
     assert rt.length == len(prompt) + len(generated)
     assert torch.equal(rt.extend(rest), straight)

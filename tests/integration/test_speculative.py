@@ -20,6 +20,7 @@ from specstruct.spec.batch import BatchDecoder
 from specstruct.spec.speculator import Speculator
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.testing import run_alone, steps_alone
 
 PERSON = {
     "type": "object",
@@ -58,7 +59,7 @@ def _compile(tok, eng, kind):
 
 def _decode(eng, tok, prompt, constraint, **cfg):
     ids = tok.encode(prompt, add_special_tokens=False)
-    return eng.decode(ids, constraint.fork(), SpecConfig(**cfg)).run()
+    return run_alone(eng.row(ids, constraint.fork(), SpecConfig(**cfg)))
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
@@ -108,9 +109,9 @@ def test_each_drafter_alone_is_lossless(tok, target, close_draft, drafters):
 def _snapshots(eng, tok, prompt, constraint, **cfg):
     """(committed length) -> (cache keys of layer 0, constraint mask, forced text) after every step."""
     ids = tok.encode(prompt, add_special_tokens=False)
-    dec = eng.decode(ids, constraint.fork(), SpecConfig(**cfg))
+    dec = eng.row(ids, constraint.fork(), SpecConfig(**cfg))
     snaps = {}
-    for _ in dec:
+    for _ in steps_alone(dec):
         rt = dec.kv  # the row's own target KV sequence (freed once the row finished)
         if rt is None:
             continue
@@ -136,7 +137,7 @@ def test_rollback_leaves_cache_and_constraint_as_if_never_drafted(tok, target, f
 def _sample_outputs(eng, tok, constraint, n, seed0, batch=1, **cfg):
     """n seeded samples, decoded `batch` at a time through one BatchDecoder (continuous batching)."""
     ids = tok.encode(PROMPTS[0], add_special_tokens=False)
-    rows = [eng.decode(ids, constraint.fork(), SpecConfig(temperature=1.0, seed=seed0 + s, max_new_tokens=8, **cfg))
+    rows = [eng.row(ids, constraint.fork(), SpecConfig(temperature=1.0, seed=seed0 + s, max_new_tokens=8, **cfg))
             for s in range(n)]
     waiting, decoder = list(rows), BatchDecoder(eng)
     while waiting or len(decoder):

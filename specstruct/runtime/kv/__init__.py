@@ -6,7 +6,6 @@
     pinned        GPU -> pinned host memory on a side CUDA stream
     prefix_cache  the prefix cache: lookup / insert / prefetch across tiers, per namespace (model, numerics, salt)
     store         spill / restore of whole sequences (for preemption by the scheduler)
-    prefill       the hook a runtime calls: cached prefix + chunked prefill of the rest; resume after a spill
     memory        building the tiers from SpecConfig, and the active-tier budget (all running requests)
 """
 

@@ -7,7 +7,7 @@ import pytest
 import specstruct as ss
 from specstruct.constraints import compiler
 from specstruct.constraints.base import ConstraintSpec
-from specstruct.testing import scripted_engine, tiny_tokenizer
+from specstruct.testing import run_alone, scripted_engine, tiny_tokenizer
 
 
 def _compile(spec: ConstraintSpec):
@@ -34,9 +34,9 @@ def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():  # defe
             return getattr(self.inner, name)
 
     constraint = DeadEnd(engine.constraint(ss.Regex("a+")))
-    decode = engine.engine.decode(engine.prompt_ids("go"), constraint, engine.config)
+    decode = engine.engine.row(engine.prompt_ids("go"), constraint, engine.config)
     with pytest.raises(ss.ConstraintError, match="no token"):
-        decode.run()
+        run_alone(decode)
 
 
 @pytest.mark.parametrize("pattern", ["a\x00b", r"a\x00b", r"a\0", r"a\x{0}", r"a\u0000"])

@@ -4,8 +4,8 @@ policy config, and per-drafter stats count only tokens the target judged."""
 from __future__ import annotations
 
 import specstruct as ss
-from specstruct.spec.speculator import Decode
-from specstruct.testing import scripted_engine
+from specstruct.spec.row import Row
+from specstruct.testing import run_alone, scripted_engine
 
 
 def test_a_request_config_does_not_overwrite_the_shared_policy_config():
@@ -13,16 +13,16 @@ def test_a_request_config_does_not_overwrite_the_shared_policy_config():
     shared = engine.engine.policy
     before = shared.config
     other = ss.SpecConfig(max_candidates={"json": 1}, initial_candidates=1)
-    decode = engine.engine.decode(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
-    decode.run()
+    decode = engine.engine.row(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
+    run_alone(decode)
     assert shared.config is before
-    assert decode.policy.plan("json").k == 1  # ... while the request itself plans with its own config
+    assert decode._plan().k == 1  # ... while the request itself plans with its own config
     assert shared.plan("json").k == before.cap("json")
 
 
 def test_per_drafter_stats_count_only_judged_tokens():
     engine = scripted_engine("abc")
-    decode = Decode(engine.engine, [1, 2], engine.constraint(None), engine.config)
+    decode = Row(engine.engine, [1, 2], engine.constraint(None), engine.config)
     # forced proposed 2, lookup 3, model 4; the target accepted 3: both forced tokens and lookup's first, then
     # rejected lookup's second. Lookup's third and all of the model's tokens were never judged.
     decode._record([("forced", 2), ("lookup", 3), ("model", 4)], accepted=3)

@@ -21,6 +21,7 @@ from specstruct.runtime.kv import KVLostWarning
 from specstruct.runtime.kv.memory import KVBudget
 from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.errors import KVMemoryError
+from specstruct.testing import run_alone
 
 LIMIT = 60
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
@@ -203,12 +204,12 @@ def test_decoder_pause_and_resume_at_every_step(tok, target, close_draft, lost):
         c = compile_constraint(ConstraintSpec("regex", pattern, "regex"), tok, vocab_size=eng.target.vocab_size,
                                eos_token_ids=[tok.eos_token_id])
         ids = tok.encode(prompt, add_special_tokens=False)
-        return eng.decode(ids, c.fork(), SpecConfig(use_prefix_cache=False, **cfg))
+        return eng.row(ids, c.fork(), SpecConfig(use_prefix_cache=False, **cfg))
 
     def mine():
         return row("Spell a long word for me, please: " * 3, "[a-z]{12,20}", max_new_tokens=24)
 
-    want, phases = mine().run().token_ids, set()
+    want, phases = run_alone(mine()).token_ids, set()
     for at in range(1, 14):
         # mine prefills 16 tokens a step while the other decodes (fixed: the adaptive budget, sized from timing,
         # may read a tiny model's prompt in one step, and this test must pause it mid-prefill)

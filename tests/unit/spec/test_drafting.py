@@ -13,7 +13,7 @@ from specstruct.constraints.compiler import compile_constraint
 from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.spec.speculator import Speculator
 from specstruct.runtime.model_runtime import ModelRuntime
-from specstruct.testing import OneSequence
+from specstruct.testing import OneSequence, run_alone
 
 TEXT = "def add(a, b):\n    return a + b\n"
 
@@ -63,8 +63,8 @@ def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, ar
     c = compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=eng.target.vocab_size,
                            eos_token_ids=[tok.eos_token_id])
     ids = tok.encode('{"name": "Ada Lovelace", "age": 36} Copy this JSON exactly: {"name": "Ada', add_special_tokens=False)
-    base = eng.decode(ids, c.fork(), SpecConfig(enable_speculative=False, max_new_tokens=30)).run()
-    spec = eng.decode(ids, c.fork(), SpecConfig(max_new_tokens=30, draft_arbitration=arbitration)).run()
+    base = run_alone(eng.row(ids, c.fork(), SpecConfig(enable_speculative=False, max_new_tokens=30)))
+    spec = run_alone(eng.row(ids, c.fork(), SpecConfig(max_new_tokens=30, draft_arbitration=arbitration)))
     assert spec.token_ids == base.token_ids
     per = spec.stats.per_drafter
     assert all(s.judged <= s.proposed and s.accepted <= s.judged for s in per.values())
@@ -88,10 +88,10 @@ def test_draft_stops_after_a_token_it_doubts(tok, close_draft):
 def test_draft_confidence_is_lossless(tok, target, far_draft, temperature):
     eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft))
     ids = tok.encode(TEXT, add_special_tokens=False)[:8]
-    runs = [eng.decode(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=24, temperature=temperature, seed=3,
-                                                               draft_confidence=c or 0.0,
-                                                               enable_speculative=c is not None))
-            .run() for c in (None, 0.0, 0.5)]
+    runs = [run_alone(eng.row(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=24, temperature=temperature,
+                                                                      seed=3, draft_confidence=c or 0.0,
+                                                                      enable_speculative=c is not None)))
+            for c in (None, 0.0, 0.5)]
     if temperature == 0:
         assert runs[1].token_ids == runs[0].token_ids == runs[2].token_ids
     assert runs[2].stats.per_drafter["model"].proposed <= runs[1].stats.per_drafter["model"].proposed
@@ -196,9 +196,9 @@ def test_the_draft_reads_a_prompt_only_when_it_drafts_and_in_chunks(tok, target,
     prompt = tok.encode(TEXT * 40, add_special_tokens=False)[: 2 * CATCH_UP + 40]
     fed: list[int] = []
     _spy(draft, fed)
-    plain = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, enable_speculative=False)).run()
-    free = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, use_draft_model=False)).run()
+    plain = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, enable_speculative=False)))
+    free = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, use_draft_model=False)))
     assert fed == [] and free.token_ids == plain.token_ids  # never asked: the draft never read the prompt
-    drafted = eng.decode(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12)).run()
+    drafted = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12)))
     assert drafted.token_ids == plain.token_ids and drafted.stats.per_drafter["model"].proposed > 0
     assert fed[:2] == [CATCH_UP, CATCH_UP]  # its prompt in chunks, a step each, before its first draft
