@@ -1,7 +1,7 @@
 """The Python API: `SpecStruct` and what it does around a request.
 
-    specstruct     SpecStruct: load, compile the output type, submit to the engine, validate, retry
-    aio            arun / agenerate / astream: the same requests, awaited
+    specstruct     SpecStruct: load, compile the output type, submit to the engine, validate, retry;
+                   run / stream / arun / astream take one set of keywords (a Call)
     many           generate_many: many prompts at once, in order, with a progress bar
     inputs         what a prompt may be (checked before tokenizing); RawPrompt
     prompt_ids     chat messages -> prompt ids in which only the template's markers are control tokens

@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
-from typing import Any, Generator, Iterator, Sequence, TypeVar, overload
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Generator, Iterator, Sequence, TypeVar, overload
 
 import torch
 
@@ -24,7 +26,6 @@ from specstruct.engine.preempt import Preemption
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
 from specstruct.runtime.quantized import is_quantized
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
-from specstruct.api.aio import AsyncCalls
 from specstruct.api.output import RETRYABLE, StreamChunks, deadline, final_text
 from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
@@ -35,7 +36,21 @@ T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]] | RawPrompt
 
 
-class SpecStruct(AsyncCalls):
+@dataclass(frozen=True)
+class Call:
+    """What one call asks for, checked: run, stream, arun and astream take the same keywords and make one of these
+    (`config` is the engine's config with the call's keys merged in)."""
+
+    prompt: Prompt
+    output_type: Any
+    system: str | None
+    tools: list[dict] | None
+    tool_choice: Any
+    config: SpecConfig
+    timeout: float | None
+
+
+class SpecStruct:
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""
 
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
@@ -152,8 +167,12 @@ class SpecStruct(AsyncCalls):
         self._kv_budget.check(len(ids), max_new_tokens)
         return ids
 
-    def _config(self, config: SpecConfig | dict[str, Any] | None, **overrides: Any) -> SpecConfig:
-        return self.config.for_call(config, **overrides)
+    def _call(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
+              tool_choice: Any, config: SpecConfig | dict[str, Any] | None, timeout: float | None,
+              **keys: Any) -> Call:
+        """The one place a call's keywords become a Call: the per-call keys (None: not given) over `config` over
+        the engine's config (InvalidParameterError for a bad value or an engine-wide key)."""
+        return Call(prompt, output_type, system, tools, tool_choice, self.config.for_call(config, **keys), timeout)
 
     def cache_info(self) -> dict[str, Any]:
         """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills; and
@@ -167,18 +186,23 @@ class SpecStruct(AsyncCalls):
 
     # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
     def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-            tools: list[dict] | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
-            top_p: float | None = None, seed: int | None = None, stop: list[str] | None = None,
-            config: SpecConfig | None = None, timeout: float | None = None,
-            cache_salt: str | None = None, tool_choice: Any = None) -> Result:
+            tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+            temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+            stop: str | list[str] | None = None, cache_salt: str | None = None,
+            config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Result:
         """Generate once (plus validation retries) and return the value with its text, tokens and stats.
-        Safe from any number of threads: concurrent calls share the engine's batches. `timeout` (seconds, queue
-        and decoding and retries together) cancels the request and raises RequestTimeoutError. `cache_salt` keeps
-        this call's cached prompt prefix apart from calls with another salt (per tenant). `tools` (OpenAI tool
-        dicts) without an output type: the reply is a ToolReply whose calls the grammar checked (tool_replies)."""
-        cfg = self._config(config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seed=seed, stop=stop, cache_salt=cache_salt)
-        plan, until = self._attempts(prompt, output_type, system, tools, cfg, tool_choice), deadline(timeout)
+
+        The keywords are those of `stream`, `arun` and `astream` too: `system` (prepended to the schema
+        instruction), `tools` (OpenAI tool dicts: without an output type the reply is a ToolReply whose calls the
+        grammar checked) and `tool_choice`; the decoding keys `max_new_tokens`, `temperature`, `top_p`, `seed`,
+        `stop`, `cache_salt` (keeps this call's cached prompt prefix apart from other salts: per tenant), and
+        `config` (a SpecConfig or dict of its per-call keys, under the keys given here); `timeout` (seconds,
+        queue and decoding and retries together) cancels the request and raises RequestTimeoutError.
+        Safe from any number of threads: concurrent calls share the engine's batches."""
+        call = self._call(prompt, output_type, system, tools, tool_choice, config, timeout,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                          cache_salt=cache_salt)
+        plan, until = self._attempts(call), deadline(timeout)
         job = next(plan)
         while True:
             req = self.scheduler.submit(*job)
@@ -191,14 +215,13 @@ class SpecStruct(AsyncCalls):
             except StopIteration as done:
                 return done.value
 
-    def _attempts(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
-                  cfg: SpecConfig, tool_choice: Any = None
-                  ) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
+    def _attempts(self, call: Call) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
         """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
         finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
-        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
+        cfg, tools = call.config, call.tools
+        spec = reply_spec(self.tokenizer, call.output_type, tools, call.tool_choice)
         constraint = self._compile(spec)
-        messages = self._messages(prompt, spec, system)
+        messages = self._messages(call.prompt, spec, call.system)
         attempts: list[dict[str, Any]] = []
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
@@ -252,15 +275,19 @@ class SpecStruct(AsyncCalls):
                              **kwargs)
 
     def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-               tools: list[dict] | None = None, config: SpecConfig | None = None, timeout: float | None = None,
-               tool_choice: Any = None, **overrides: Any) -> Iterator[Chunk]:
-        """Yield text as it is accepted (several tokens at once when drafts are accepted). JSON modes also carry the
-        partial object. The last chunk carries the validated Result; a stream is validated once, without retries.
-        A stream is a request like any other: reading it slowly never blocks other calls, and closing (or
-        dropping) it cancels the request."""
+               tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+               stop: str | list[str] | None = None, cache_salt: str | None = None,
+               config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Iterator[Chunk]:
+        """Yield text as it is accepted (several tokens at once when drafts are accepted); `run`'s keywords. JSON
+        modes also carry the partial object. The last chunk carries the validated Result; a stream is validated
+        once, without retries. A stream is a request like any other: reading it slowly never blocks other calls,
+        and closing (or dropping) it cancels the request."""
         until = deadline(timeout)  # compiling counts, as in run()
-        chunks, job = self._stream_job(prompt, output_type, system, tools, self._config(config, **overrides),
-                                       tool_choice)
+        call = self._call(prompt, output_type, system, tools, tool_choice, config, timeout,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                          cache_salt=cache_salt)
+        chunks, job = self._stream_job(call)
         req = self.scheduler.submit(*job)
         try:
             for new in req.tokens(until):
@@ -270,13 +297,62 @@ class SpecStruct(AsyncCalls):
             req.cancel()
         yield chunks.final(req.row)
 
-    def _stream_job(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
-                    cfg: SpecConfig, tool_choice: Any = None
-                    ) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
-        spec = reply_spec(self.tokenizer, output_type, tools, tool_choice)
+    def _stream_job(self, call: Call) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
+        cfg = call.config
+        spec = reply_spec(self.tokenizer, call.output_type, call.tools, call.tool_choice)
         constraint = self._compile(spec).fork()
-        ids = self._encode(self._messages(prompt, spec, system), tools, cfg.max_new_tokens)
+        ids = self._encode(self._messages(call.prompt, spec, call.system), call.tools, cfg.max_new_tokens)
         return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)
+
+    # -- asyncio: the same requests, awaited on the loop (no thread per call); a cancelled task, a `timeout=` or
+    # an abandoned `astream` cancels its request
+    async def arun(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+                   tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+                   temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+                   stop: str | list[str] | None = None, cache_salt: str | None = None,
+                   config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Result:
+        """`run` for asyncio (same keywords): `result = await engine.arun(prompt, Person)`."""
+        call = self._call(prompt, output_type, system, tools, tool_choice, config, timeout,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                          cache_salt=cache_salt)
+        plan = self._attempts(call)
+        loop, until = asyncio.get_running_loop(), deadline(timeout)
+        job = await loop.run_in_executor(None, next, plan)  # compiling a schema may take a while: not on the loop
+        while True:
+            req = self.scheduler.submit(*job, loop=loop)
+            try:
+                row = await req.aresult(until)
+            finally:
+                req.cancel()  # a no-op once finished; frees the slot when the task was cancelled
+            try:
+                job = plan.send(row)
+            except StopIteration as done:
+                return done.value
+
+    async def agenerate(self, prompt: Prompt, output_type: Any = None, **kwargs: Any) -> Any:
+        """`generate` for asyncio: the validated value."""
+        return (await self.arun(prompt, output_type, **kwargs)).value
+
+    async def astream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
+                      tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+                      temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+                      stop: str | list[str] | None = None, cache_salt: str | None = None,
+                      config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None
+                      ) -> AsyncIterator[Chunk]:
+        """`stream` for asyncio (same keywords): `async for chunk in engine.astream(prompt, Person): ...`."""
+        loop, until = asyncio.get_running_loop(), deadline(timeout)
+        call = self._call(prompt, output_type, system, tools, tool_choice, config, timeout,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                          cache_salt=cache_salt)
+        chunks, job = await loop.run_in_executor(None, self._stream_job, call)
+        req = self.scheduler.submit(*job, loop=loop)
+        try:
+            async for new in req.atokens(until):
+                if (chunk := chunks.push(new)) is not None:
+                    yield chunk
+        finally:
+            req.cancel()
+        yield chunks.final(req.row)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -9,7 +9,7 @@ unchecked text. With an output type as well, that type decides the reply (the to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from specstruct.errors import InvalidParameterError
@@ -41,7 +41,7 @@ def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, t
         return resolve(output_type)
     tools = check_tools(tools, distinct=True)
     grammar = Grammar(tool_grammar(tools, tool_choice, tokenizer), instruction="")
-    calls_allowed = select_tools(tools, tool_choice)[1] != "none"  # "none": text, even if it looks like a call  # the template describes them
+    calls_allowed = select_tools(tools, tool_choice)[1] != "none"  # "none": text, even if it looks like a call
     spec = resolve(grammar)
 
     def parse(text: str, token_ids: Sequence[int]) -> ToolReply:
@@ -50,5 +50,4 @@ def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, t
         content, calls = parse_tool_calls(reply_text(tokenizer, text, token_ids, tools))
         return ToolReply(content, calls)
 
-    spec.from_tokens = parse
-    return spec
+    return replace(spec, from_tokens=parse)

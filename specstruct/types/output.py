@@ -100,7 +100,7 @@ class Code:
     language: str = "python"
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputSpec:
     spec: ConstraintSpec
     json_schema: dict | None

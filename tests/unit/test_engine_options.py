@@ -97,10 +97,12 @@ def test_a_per_call_specconfig_sets_only_its_own_keys_and_engine_keys_are_refuse
         result = engine.run("x", config=config)
         assert len(result.token_ids) == 3 and result.stats.drafted == 0
     for call in (lambda: engine.run("x", config=ss.SpecConfig(dtype="bfloat16")),
-                 lambda: list(engine.stream("x", dtype="bfloat16")),
-                 lambda: list(engine.stream("x", prefix_cache_bytes=0))):
+                 lambda: list(engine.stream("x", config={"dtype": "bfloat16"})),
+                 lambda: list(engine.stream("x", config={"prefix_cache_bytes": 0}))):
         with pytest.raises(ss.InvalidParameterError, match="apply to the whole engine"):
             call()
+    with pytest.raises(TypeError, match="dtype"):  # not a keyword of any call (run's signature is stream's)
+        list(engine.stream("x", dtype="bfloat16"))
 
 
 def test_queue_time_ends_at_admission_not_after_the_prefill(monkeypatch):

@@ -1,0 +1,47 @@
+"""One call signature: run, stream, arun and astream take the same keywords (generate, agenerate and
+generate_many pass theirs on), and a keyword none of them knows is refused before anything runs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+import specstruct as ss
+from specstruct.testing import scripted_engine
+
+
+def _keywords(fn):
+    return [(n, p.default, p.annotation) for n, p in inspect.signature(fn).parameters.items()
+            if p.kind is p.KEYWORD_ONLY]
+
+
+def test_run_stream_arun_and_astream_share_one_signature():
+    run = _keywords(ss.SpecStruct.run)
+    assert [n for n, _, _ in run] == ["system", "tools", "tool_choice", "max_new_tokens", "temperature", "top_p",
+                                      "seed", "stop", "cache_salt", "config", "timeout"]
+    for other in (ss.SpecStruct.stream, ss.SpecStruct.arun, ss.SpecStruct.astream):
+        assert _keywords(other) == run, other.__name__
+
+
+def test_every_call_refuses_an_unknown_keyword_and_takes_a_known_one():
+    engine = scripted_engine('"ok"')
+    with pytest.raises(TypeError, match="use_prefix_caches"):
+        engine.run("go", str, use_prefix_caches=False)
+    with pytest.raises(TypeError, match="use_prefix_caches"):
+        list(engine.stream("go", str, use_prefix_caches=False))
+    with pytest.raises(TypeError, match="use_prefix_caches"):
+        asyncio.run(engine.arun("go", str, use_prefix_caches=False))
+    with pytest.raises(TypeError, match=r"generate_many\(\) got unexpected keyword arguments \['max_tokens'\]"):
+        engine.generate_many(["a", "b"], str, max_tokens=3)
+    config = ss.SpecConfig(use_prefix_cache=False)  # any per-call key goes through config=
+    assert engine.run("go", str, config=config, max_new_tokens=8, stop="\n").text == engine.generate(
+        "go", str, max_new_tokens=8)
+
+    async def both():
+        streamed = [c async for c in engine.astream("go", str, max_new_tokens=8, seed=1)]
+        return streamed[-1].result.text, (await engine.arun("go", str, max_new_tokens=8)).text
+
+    a, b = asyncio.run(both())
+    assert a == b
