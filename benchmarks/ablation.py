@@ -52,7 +52,7 @@ class StepTimer:
 
     def __init__(self, engine: Any):
         self.on, self.t = False, defaultdict(float)
-        model = engine.engine.target.model
+        model = engine.speculator.target.model
         parts = [(model.get_output_embeddings(), "target LM head")]
         for layer in model.model.layers:
             parts += [(layer.self_attn, "target attention"), (layer.mlp, "target MLP")]
@@ -105,8 +105,8 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
     timers = {}
     for eng in {id(e): e for e in engines.values()}.values():
         timers[id(eng)] = StepTimer(eng)
-        if "model" in eng.engine.drafters:
-            timers[id(eng)].wrap_draft(eng.engine.drafters["model"].runtime)
+        if "model" in eng.speculator.drafters:
+            timers[id(eng)].wrap_draft(eng.speculator.drafters["model"].runtime)
     from specstruct.errors import ConstraintError
 
     rows: list[dict[str, Any]] = []
@@ -123,13 +123,13 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
             if "max_candidates" in change:
                 change["max_candidates"] = {**eng.config.max_candidates, **change["max_candidates"]}
             cfg = eng.config.merged(max_new_tokens=max_new_tokens, **change)
-            eng.engine.policy = AdaptivePolicy(cfg, set(eng.engine.drafters))
+            eng.speculator.policy = AdaptivePolicy(cfg, set(eng.speculator.drafters))
             ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
             timer = timers[id(eng)]
             timer.t.clear()
             timer.on = True
             try:
-                dec = run_alone(eng.engine.row(ids, eng.constraint(w.output_type).fork(), cfg))
+                dec = run_alone(eng.speculator.row(ids, eng.constraint(w.output_type).fork(), cfg))
             finally:
                 timer.on = False
             st = dec.stats

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def decode(where: str) -> None:
         t0 = time.perf_counter()
-        st = run_alone(eng.engine.row(ids, eng.constraint(work.output_type).fork(), cfg)).stats
+        st = run_alone(eng.speculator.row(ids, eng.constraint(work.output_type).fork(), cfg)).stats
         print(f"{where:18s} {time.perf_counter() - t0:6.2f} s   prefill {st.prefill_s:5.2f}   draft "
               f"{st.draft_time_s:5.2f}   verify {st.verify_time_s:5.2f}   ({st.new_tokens} tokens)", flush=True)
 

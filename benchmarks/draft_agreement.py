@@ -27,7 +27,7 @@ def _masks(constraint, out):
 def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
     from specstruct.spec import batch as batch_module
 
-    drafter = eng.engine.drafters["model"]
+    drafter = eng.speculator.drafters["model"]
     props: list[tuple[list[int], list[int]]] = []
     inner = batch_module.run_drafts
 
@@ -39,7 +39,7 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
     try:
         ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
         c = eng.constraint(w.output_type)
-        dec = run_alone(eng.engine.row(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)))
+        dec = run_alone(eng.speculator.row(ids, c.fork(), eng.config.merged(max_new_tokens=max_new_tokens)))
     finally:
         batch_module.run_drafts = inner
     out, P = dec.token_ids, len(ids)

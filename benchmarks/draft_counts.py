@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
                                         config=SpecConfig(prefix_cache_bytes=0))
-    runtime = eng.engine.drafters["model"].runtime
+    runtime = eng.speculator.drafters["model"].runtime
     calls = collections.Counter()
     inner = runtime.forward
 

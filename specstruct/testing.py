@@ -111,28 +111,11 @@ class ScriptedRuntime:
     def __init__(self, script: list[int], vocab_size: int, eos_id: int):
         self.script, self.vocab_size, self.eos_id = list(script), vocab_size, eos_id
         self.max_length = None
-        self._prompt = self._length = 0
-
-    @property
-    def length(self) -> int:
-        return self._length
 
     def _row(self, position: int) -> torch.Tensor:
         logits = torch.zeros(self.vocab_size)
         logits[self.script[position] if position < len(self.script) else self.eos_id] = 10.0
         return logits
-
-    def prefill(self, ids) -> torch.Tensor:
-        self._prompt = self._length = len(ids)
-        return self._row(0)
-
-    def extend(self, ids) -> torch.Tensor:
-        start = self._length - self._prompt + 1
-        self._length += len(ids)
-        return torch.stack([self._row(start + i) for i in range(len(ids))])
-
-    def crop(self, length: int) -> None:
-        self._length = length
 
     def sequence(self) -> "_ScriptedSequence":
         return _ScriptedSequence()
@@ -163,10 +146,10 @@ def scripted_engine(text: str, tokenizer=None, **config):
     import specstruct as ss
 
     tokenizer = tokenizer or tiny_tokenizer()
-    engine = ss.SpecStruct(tiny_model(tokenizer, hidden=16, layers=1), tokenizer, config=ss.SpecConfig(**config))
-    script = tokenizer.encode(text, add_special_tokens=False)
-    engine.engine.target = ScriptedRuntime(script, engine.runtime.vocab_size, tokenizer.eos_token_id)
-    return engine
+    model = tiny_model(tokenizer, hidden=16, layers=1)
+    script = ScriptedRuntime(tokenizer.encode(text, add_special_tokens=False), model.config.vocab_size,
+                             tokenizer.eos_token_id)
+    return ss.SpecStruct(model, tokenizer, config=ss.SpecConfig(**config), target=script)
 
 
 def slow_steps(monkeypatch, seconds: float) -> None:
@@ -305,7 +288,7 @@ def steps_alone(row: Any) -> Iterator[list[int]]:
     without the scheduler's thread: yields the tokens each step committed, raises the row's error at the end."""
     from specstruct.spec.batch import BatchDecoder
 
-    batch = BatchDecoder(row.engine)
+    batch = BatchDecoder(row.speculator)
     batch.add(row)
     try:
         while len(batch):

@@ -15,17 +15,14 @@ import torch
 
 from specstruct.config import BatchConfig, SpecConfig
 from specstruct.constraints import Constraint, compile_constraint
-from specstruct.spec.speculator import Speculator
 from specstruct.runtime.openmp import release_pool
-from specstruct.engine.scheduler import DecoderFactory, Scheduler
+from specstruct.engine.core import build as build_engine
+from specstruct.engine.scheduler import DecoderFactory
+from specstruct.spec.interfaces import Runtime
 from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
-from specstruct.runtime.kv.memory import KVBudget, build as build_kv_tiers, close_all
-from specstruct.engine.preempt import Preemption
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
-from specstruct.runtime.quantized import is_quantized
-from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.api.output import RETRYABLE, StreamChunks, deadline, final_text
 from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
@@ -55,7 +52,8 @@ class SpecStruct:
 
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
                  draft_tokenizer=None, model_name: str | None = None,
-                 batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None):
+                 batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None,
+                 target: Runtime | None = None):
         check_models(model, draft_model)
         self.config = config or SpecConfig()
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
@@ -65,30 +63,14 @@ class SpecStruct:
 
             draft_model = matched_draft(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
         self.eos_token_ids = eos_token_ids(tokenizer, model)
-        self.runtime = ModelRuntime(model)
-        draft_rt = None
-        if draft_model is not None:
-            if self.config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
-                    and not is_quantized(draft_model):  # a quantized draft computes as it ships
-                draft_model = quantize_draft(draft_model)
-            draft_rt = ModelRuntime(draft_model)
-        self.draft_model = draft_model
-        # prefix cache shared by target and draft (namespaced by model and numerics), spill store, budget check
-        self.prefix_cache, self.kv_store = build_kv_tiers(self.config.prefix_cache_bytes, self.config.kv_memory,
-                                                          self.runtime.device)
-        for rt in (self.runtime, draft_rt):
-            if rt is not None:
-                rt.prefix_cache = self.prefix_cache
-        self._kv_budget = KVBudget(self.config.kv_memory.active_bytes, model, draft_model)
-        self.engine = Speculator(self.runtime, tokenizer, self.eos_token_ids, draft=draft_rt, config=self.config)
-        self.numerics = self.engine.numerics
         self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
-        # One thread owns the models; every call is a request to it (`decoder` swaps the row decoder: tests).
-        # Past kv_memory.active_bytes (all running rows) it pauses the newest rows, their KV spilled to kv_store.
-        self._preemption = Preemption(self._kv_budget, self.kv_store)
-        self.scheduler = Scheduler(self.engine, self.batch_config, decoder, preemption=self._preemption)
-        self._finalizer = weakref.finalize(self, close_all, self.scheduler.close, self.prefix_cache.close,
-                                           self.kv_store.close)  # spill files go with the engine, not at exit
+        # one thread owns the models; every call is a request to its scheduler (`decoder`, `target`: test doubles)
+        self.core = build_engine(model, tokenizer, self.eos_token_ids, draft_model, self.config, self.batch_config,
+                                 decoder=decoder, target=target)
+        self.speculator, self.scheduler = self.core.speculator, self.core.scheduler
+        self.runtime, self.draft_model, self.numerics = self.speculator.target, self.core.draft_model, self.core.numerics
+        self.prefix_cache, self.kv_store = self.core.prefix_cache, self.core.kv_store
+        self._finalizer = weakref.finalize(self, self.core.close)  # spill files go with the engine, not at exit
         trim_heap()  # loading freed float32 copies (the draft's, before int8) in pieces glibc would keep
         release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
 
@@ -164,7 +146,7 @@ class SpecStruct:
         limit = self.runtime.max_length
         if limit and len(ids) + max_new_tokens > limit:
             raise too_long(messages, ids, tok, max_new_tokens, limit)
-        self._kv_budget.check(len(ids), max_new_tokens)
+        self.core.kv_budget.check(len(ids), max_new_tokens)
         return ids
 
     def _call(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
@@ -178,7 +160,7 @@ class SpecStruct:
         """The prefix cache: lookups, hits, hit_rate, cached_tokens, bytes in use and budget per tier, spills; and
         under "preemption": rows paused and resumed (restored, or re-prefilled when their KV was lost), requests
         paused now, and the spill store ("store": spills, bytes and budgets per tier)."""
-        return dict(self.prefix_cache.info(), preemption=self._preemption.info())
+        return self.core.cache_info()
 
     def clear_cache(self) -> None:
         """Drop every cached prompt prefix (those a running request holds stay until it is done)."""

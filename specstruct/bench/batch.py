@@ -45,7 +45,7 @@ def run_requests(engine, requests: Sequence[Request], concurrency: int, *, prefi
     """Decode `requests` through one BatchDecoder with at most `concurrency` rows (continuous batching: a freed
     slot is refilled at the next step; concurrency 1 is one at a time). All are submitted at t = 0.
     `max_decode_step_s`: the longest step while some row was decoding (what a running row waited at most)."""
-    core = engine.engine
+    core = engine.speculator
     rows = [core.row(r.ids, r.constraint.fork(), r.config) for r in requests]
     waiting = list(rows)
     batch = BatchDecoder(core, prefill_chunk=prefill_chunk, adaptive_prefill=adaptive_prefill)
@@ -117,7 +117,7 @@ def measure_prefill_interference(engine, running: Sequence[Request], long_prompt
     result = {}
     for label, chunk, arrive in (("no_arrival", prefill_chunk, False), ("chunked", prefill_chunk, True),
                                  ("whole_prompt", 10**9, True)):
-        core = engine.engine
+        core = engine.speculator
         batch = BatchDecoder(core, prefill_chunk=chunk, adaptive_prefill=adaptive_prefill)
         rows = [core.row(r.ids, r.constraint.fork(), r.config) for r in running]
         for r in rows:
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
-    drafter = engine.engine.drafters.get("model")
+    drafter = engine.speculator.drafters.get("model")
     if args.rows_alone and drafter is not None:
         drafter.runtime.row_invariant = drafter.runtime.reuses_prefixes = False
     work = extraction_workloads(args.requests)

@@ -49,9 +49,9 @@ DEFAULT_DECODER: DecoderFactory = BatchDecoder
 class Scheduler:
     """Queue, admission, cancellation and the decode loop for one engine."""
 
-    def __init__(self, engine: Speculator, config: BatchConfig | None = None, decoder: DecoderFactory | None = None,
+    def __init__(self, speculator: Speculator, config: BatchConfig | None = None, decoder: DecoderFactory | None = None,
                  *, preemption: Preemption | None = None):
-        self.engine, self.config = engine, config or BatchConfig()
+        self.speculator, self.config = speculator, config or BatchConfig()
         self._factory = decoder or DEFAULT_DECODER
         self.decoder: RowDecoder | None = None
         self._cv = threading.Condition()
@@ -138,7 +138,7 @@ class Scheduler:
     # -- the loop (its own thread) -----------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.decoder = self._factory(self.engine)
+            self.decoder = self._factory(self.speculator)
             if not hasattr(self.decoder, "pause"):
                 self.preemption = None
             while self._admit():
@@ -236,7 +236,7 @@ class Scheduler:
                 self.preemption.resume(self.decoder, paused)
                 row = self._paused.pop(req)
             else:
-                row = self.engine.row(req.prompt, req.constraint, req.config)
+                row = self.speculator.row(req.prompt, req.constraint, req.config)
                 self.decoder.add(row)
         except Exception as err:  # noqa: BLE001 - this request fails alone, before it takes a slot
             self._end_waiting(req, err)

@@ -176,9 +176,9 @@ class ModelRuntime:
         # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
         # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
         self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
-        # runtime/kv: a prefix cache (set by the API) reused where prefill results do not depend on where a
-        # cached prefix ends: row-invariant numerics (linears) and the packed row-wise attention
-        self.prefix_cache, self.cache_key = None, (id(model), self.numerics)
+        # the engine's prefix cache serves this runtime where prefill results do not depend on where a cached
+        # prefix ends: row-invariant numerics (linears) and the packed row-wise attention
+        self.cache_key = (id(model), self.numerics)  # its namespace in a prefix cache
         self.reuses_prefixes = self.row_invariant and self.packed
         self._cache_arg = cache_kwarg(model)
 

@@ -41,12 +41,12 @@ class BatchDecoder:
     """Decodes many requests in lockstep. `add` admits a row made by `speculator.row(...)`; `step` advances all;
     finished rows leave by themselves, `remove` cancels one."""
 
-    def __init__(self, engine: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
-        self.engine = engine
+    def __init__(self, speculator: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
+        self.speculator = speculator
         self.prefill_chunk = max(1, prefill_chunk)  # the per-step prefill budget while rows decode (its floor)
         self.adaptive_prefill = adaptive_prefill  # False: exactly prefill_chunk while rows decode
         self.rows: list[Row] = []
-        model = engine.drafters.get("model")
+        model = speculator.drafters.get("model")
         self.draft = model.runtime if model is not None else None
 
     def __len__(self) -> int:
@@ -71,31 +71,30 @@ class BatchDecoder:
     def _cached(self, row: Row, ids: list[int]):
         """(a new target KV sequence, its length): the longest cached prefix of `ids` when the prefix cache may
         serve the row (kv/; exact because prefill results do not depend on where a prefix ends), else empty."""
-        rt = self.engine.target
-        cache = getattr(rt, "prefix_cache", None)
+        rt, cache = self.speculator.target, self.speculator.prefix_cache
         if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
                 or not row.config.use_prefix_cache:
             return rt.sequence(), 0
-        return _from_cache(rt, row, ids, lambda layers, n: (rt.sequence(layers, n), n))
+        return _from_cache(cache, rt, row, ids, lambda layers, n: (rt.sequence(layers, n), n))
 
     def _draft_start(self, row: Row) -> DraftState:
         """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
         the output: a greedy row (the draft only proposes; the target alone decides every token), or a draft whose
         numerics make a cached prefix bitwise a cold one. Else empty: the draft reads the prompt with the target."""
-        if not self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
+        if not self._draft_reuses(row):
             return DraftState(self.draft)
-        return _from_cache(self.draft, row, row.prompt[:-1],
+        return _from_cache(self.speculator.prefix_cache, self.draft, row, row.prompt[:-1],
                            lambda layers, n: DraftState(self.draft, layers, row.prompt[:n]))
 
-    def _draft_reuses(self, row: Row, cache) -> bool:
+    def _draft_reuses(self, row: Row) -> bool:
+        cache = self.speculator.prefix_cache
         return (cache is not None and cache.enabled and row.config.use_prefix_cache and getattr(self.draft, "packed", False)
                 and (row.config.temperature <= 0 or self.draft.reuses_prefixes))
 
     def _remember(self, row: Row) -> None:
         """Offer a just-prefilled prompt's KV (target, and draft where it read the whole prompt) to the prefix cache
         (it copies what it keeps)."""
-        rt = self.engine.target
-        cache = getattr(rt, "prefix_cache", None)
+        rt, cache = self.speculator.target, self.speculator.prefix_cache
         if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
             cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.views())
         self._remember_draft(row)
@@ -104,8 +103,8 @@ class BatchDecoder:
         """Offer the row's draft KV of its prompt to the draft's prefix cache, once the draft has read it all."""
         d = row.draft_kv
         if d is not None and d.tokens[: len(row.prompt)] == row.prompt \
-                and self._draft_reuses(row, getattr(self.draft, "prefix_cache", None)):
-            self.draft.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
+                and self._draft_reuses(row):
+            self.speculator.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
 
     def remove(self, row: Row) -> None:
         """Cancel (or forget a finished) row: frees its KV caches and constraint state."""
@@ -131,7 +130,7 @@ class BatchDecoder:
     def resume(self, row: Row, target: SeqKV, draft: SeqKV | None) -> None:
         """Put a paused row back with what `pause` returned (layers None: lost; the following steps prefill those
         tokens again, bit for bit the same KV under row-invariant numerics; a lost draft cache catches up)."""
-        rt = self.engine.target
+        rt = self.speculator.target
         if target.layers is not None or not target.tokens:
             row.kv = rt.sequence(target.layers, len(target.tokens))
         else:
@@ -189,7 +188,7 @@ class BatchDecoder:
 
     def _chunks(self, prefilling: list[Row], decoding: int, fed: int) -> list[tuple[Row, list[int]]]:
         budget = self.prefill_chunk if decoding and not self.adaptive_prefill else prefill_budget(
-            self.prefill_chunk, len(prefilling), decoding, fed, lambda n: pass_time(self.engine.policy, n))
+            self.prefill_chunk, len(prefilling), decoding, fed, lambda n: pass_time(self.speculator.policy, n))
         chunks = []
         for r in prefilling:
             if budget <= 0:
@@ -203,7 +202,7 @@ class BatchDecoder:
         """In a pass of several rows, keep the free candidates that raise the batch's expected tokens per second
         (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
         chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
-        keep = free_lengths(self.engine.policy, chains, [r.seeded for r in decoding])
+        keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
         for r, n, chain in zip(decoding, keep, chains):
             if n < len(chain):
                 s = steps[id(r)]
@@ -230,7 +229,7 @@ class BatchDecoder:
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
             else:
                 demands.append(Demand(1 + len(s.cands), 0, 0.0))
-        return demands, allocate(self.engine.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
+        return demands, allocate(self.speculator.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
 
     def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks) -> set[int]:
         """Run the draft model for the rows the policy gave it; returns their ids."""
@@ -260,7 +259,7 @@ class BatchDecoder:
         costs: list[tuple[int, float]] = []
         t0 = time.perf_counter()
         try:
-            run_drafts(self.draft, list(jobs.values()), self.engine.eos, costs)
+            run_drafts(self.draft, list(jobs.values()), self.speculator.eos, costs)
         except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
             for r in decoding:
                 if id(r) in jobs:
@@ -268,7 +267,7 @@ class BatchDecoder:
             return set(jobs)
         dt = time.perf_counter() - t0
         for rows, s in costs:
-            self.engine.policy.observe_cost("draft", rows, s)
+            self.speculator.policy.observe_cost("draft", rows, s)
         for r in unread:  # the draft has read the prompt now: the prefix cache may keep it
             self._remember_draft(r)
         for r in decoding:
@@ -298,14 +297,14 @@ class BatchDecoder:
         members = verifying + [r for r, _ in chunks]
         t0 = time.perf_counter()
         try:
-            logits = self.engine.target.forward(segs, keep)
+            logits = self.speculator.target.forward(segs, keep)
         except Exception as err:  # every row in the pass has a half-written cache now
             for r in members:
                 self._fail(r, err)
             return
         dt = time.perf_counter() - t0
         total = sum(len(f) for _, f in segs)
-        self.engine.policy.observe_cost("target", total, dt)
+        self.speculator.policy.observe_cost("target", total, dt)
         for r, lg in zip(members, logits):
             r.saw_pass(len(members), dt)
             try:
@@ -325,10 +324,10 @@ def _held(seq, tokens: list[int]) -> SeqKV:
     return SeqKV(list(tokens), seq.layers() if seq.length else None)
 
 
-def _from_cache(rt, row: Row, ids: list[int], build):
-    """`build(layers, n)` from the longest prefix of `ids` in `rt`'s prefix cache (n may be 0, layers then None).
-    `build` must copy the layers: the cache's spans are free to move once the hit is released."""
-    hit = rt.prefix_cache.lookup((rt.cache_key, row.config.cache_salt), ids)
+def _from_cache(cache, rt, row: Row, ids: list[int], build):
+    """`build(layers, n)` from the longest prefix of `ids` in `rt`'s namespace of the prefix cache (n may be 0,
+    layers then None). `build` must copy the layers: the cache's spans are free to move once the hit is released."""
+    hit = cache.lookup((rt.cache_key, row.config.cache_salt), ids)
     try:
         return build(hit.layers if hit.tokens else None, hit.tokens)
     finally:

@@ -55,9 +55,9 @@ class Row:
     """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
     (the exception that failed it, else None) and `stats`."""
 
-    def __init__(self, engine: Any, prompt: list[int], constraint: Constraint, config: SpecConfig):
-        self.engine, self.prompt, self.config = engine, prompt, config
-        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=engine.numerics)
+    def __init__(self, speculator: Any, prompt: list[int], constraint: Constraint, config: SpecConfig):
+        self.speculator, self.prompt, self.config = speculator, prompt, config
+        self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=speculator.numerics)
         self.constraint = _Timed(constraint, self.stats)
         self.token_ids: list[int] = []
         self._stops: StopScanner | None = None  # made at the first stop check
@@ -67,7 +67,7 @@ class Row:
         self.seeded = config.temperature > 0 and config.seed is not None
         # the engine's policy (what it learned), planned and taught with this request's config; a seeded sample must
         # not depend on timings, earlier requests or the batch: it plans from this request alone
-        self.policy = AdaptivePolicy(config, set(engine.drafters), use_timing=False) if self.seeded else engine.policy
+        self.policy = AdaptivePolicy(config, set(speculator.drafters), use_timing=False) if self.seeded else speculator.policy
         self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv = None  # the target KV sequence, made on admission
@@ -98,7 +98,7 @@ class Row:
         if not c.is_final():
             return False
         m = c.mask()
-        return int(m.sum()) == sum(int(m[e]) for e in self.engine.eos if e < m.shape[0])
+        return int(m.sum()) == sum(int(m[e]) for e in self.speculator.eos if e < m.shape[0])
 
     def _limit_reached(self) -> str | None:
         """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
@@ -115,7 +115,7 @@ class Row:
         if not self.config.stop and not code:
             return False
         if self._stops is None:  # searches only the new text each time: linear in the output, not quadratic
-            decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            decode = lambda ids: self.speculator.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             self._stops = StopScanner(decode, self.config.stop, code_fence=code)
         n = self._stops.push(self.token_ids[len(self._stops.ends):])
         if n is None:
@@ -153,7 +153,7 @@ class Row:
     # -- one decode step --------------------------------------------------------------------------------------
     def commit(self, token: int) -> list[int]:
         """Commit the target's own choice (not yet in the KV cache); returns what was committed."""
-        if token in self.engine.eos:
+        if token in self.speculator.eos:
             self.finish("stop")
             return []
         if self.constraint.advance([token]) != 1:
@@ -174,12 +174,12 @@ class Row:
         t0 = time.perf_counter()
         for name in plan.drafters:
             room = min(plan.limits.get(name, 0), budget - len(step.cands))
-            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.engine.eos):
+            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
-            d = self.engine.drafters[name].propose(context + step.cands, step.fork, room, self.config.temperature)
+            d = self.speculator.drafters[name].propose(context + step.cands, step.fork, room, self.config.temperature)
             step.add(name, d.tokens, d.q)
         step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
-        if step.cands and step.cands[-1] in self.engine.eos:
+        if step.cands and step.cands[-1] in self.speculator.eos:
             step.model_room = 0
         self.stats.draft_time_s += time.perf_counter() - t0
         return step
@@ -207,7 +207,7 @@ class Row:
         self._record(step.segments, n)
         self.kv.crop(len(self.prompt) + len(self.token_ids) + n)
         accepted = cands[:n]
-        ends = bool(accepted) and accepted[-1] in self.engine.eos  # drafted EOS accepted: the output ends here
+        ends = bool(accepted) and accepted[-1] in self.speculator.eos  # drafted EOS accepted: the output ends here
         if ends:
             accepted = accepted[:-1]
         if accepted:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specstruct.config import SpecConfig
+from specstruct.runtime.kv.prefix_cache import PrefixCache
 from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
 from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
 from specstruct.spec.policy import AdaptivePolicy
@@ -35,8 +36,10 @@ class Speculator:
         eos_token_ids: Sequence[int],
         draft: Runtime | None = None,
         config: SpecConfig | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.target: Runtime = target
+        self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
         self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}

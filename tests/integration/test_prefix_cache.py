@@ -80,12 +80,11 @@ def test_cached_prefill_equals_cold_prefill_bitwise(tok, target, close_draft, se
     model = ({"target": target, "draft-float32": close_draft}.get(numerics)
              or quantize_draft(close_draft, torchao=numerics.endswith("torchao")))
     rt = ModelRuntime(model)
-    rt.prefix_cache = PrefixCache([MemoryTier(1 << 26)])
-    spec = Speculator(rt, tok, [tok.eos_token_id])
+    spec = Speculator(rt, tok, [tok.eos_token_id], prefix_cache=PrefixCache([MemoryTier(1 << 26)]))
     ids = tok.encode(TEXT, add_special_tokens=False)
     assert len(ids) > 48  # more than one 32-token prefill chunk
     cold_logits, cold_kv, none = _prefill(spec, tok, ids, cached=False)
-    assert none == 0 and rt.prefix_cache.info()["cached_tokens"] == 0  # use_prefix_cache=False caches nothing
+    assert none == 0 and spec.prefix_cache.info()["cached_tokens"] == 0  # use_prefix_cache=False caches nothing
     seed = {"exact": ids, "shorter": ids[:50], "longer": ids + ids[:20],
             "divergent": ids[:60] + tok.encode(" something else entirely", add_special_tokens=False)}[seed_with]
     _prefill(spec, tok, seed, cached=True)

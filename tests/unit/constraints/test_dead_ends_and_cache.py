@@ -34,7 +34,7 @@ def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():  # defe
             return getattr(self.inner, name)
 
     constraint = DeadEnd(engine.constraint(ss.Regex("a+")))
-    decode = engine.engine.row(engine.prompt_ids("go"), constraint, engine.config)
+    decode = engine.speculator.row(engine.prompt_ids("go"), constraint, engine.config)
     with pytest.raises(ss.ConstraintError, match="no token"):
         run_alone(decode)
 

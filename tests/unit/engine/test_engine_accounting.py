@@ -10,10 +10,10 @@ from specstruct.testing import run_alone, scripted_engine
 
 def test_a_request_config_does_not_overwrite_the_shared_policy_config():
     engine = scripted_engine('{"a": 1}')
-    shared = engine.engine.policy
+    shared = engine.speculator.policy
     before = shared.config
     other = ss.SpecConfig(max_candidates={"json": 1}, initial_candidates=1)
-    decode = engine.engine.row(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
+    decode = engine.speculator.row(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
     run_alone(decode)
     assert shared.config is before
     assert decode._plan().k == 1  # ... while the request itself plans with its own config
@@ -22,7 +22,7 @@ def test_a_request_config_does_not_overwrite_the_shared_policy_config():
 
 def test_per_drafter_stats_count_only_judged_tokens():
     engine = scripted_engine("abc")
-    decode = Row(engine.engine, [1, 2], engine.constraint(None), engine.config)
+    decode = Row(engine.speculator, [1, 2], engine.constraint(None), engine.config)
     # forced proposed 2, lookup 3, model 4; the target accepted 3: both forced tokens and lookup's first, then
     # rejected lookup's second. Lookup's third and all of the model's tokens were never judged.
     decode._record([("forced", 2), ("lookup", 3), ("model", 4)], accepted=3)

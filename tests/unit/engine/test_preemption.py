@@ -173,7 +173,7 @@ def test_cancelling_a_paused_request_frees_its_spill(tok, target, tmp_path, engi
         assert time.monotonic() < until, "no row was paused"
         time.sleep(0.005)
     (paused,) = [r for r in reqs if r in e.scheduler._paused]
-    handles = e._preemption._spilled[id(e.scheduler._paused[paused])]
+    handles = e.core.preemption._spilled[id(e.scheduler._paused[paused])]
     files = [h.slot.ref[0] for h in handles if h is not None]
     assert files and all(f.exists() for f in files) and _preemption(e)["store"]["bytes"]["disk"] > 0
     later = _submit(e, JOBS[2])
