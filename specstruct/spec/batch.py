@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time
+from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time, probe_trimmed
 from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.runtime.kv.layers import SeqKV
 from specstruct.spec.prefill_budget import prefill_budget
@@ -204,8 +204,9 @@ class BatchDecoder:
         chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
         keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
         for r, n, chain in zip(decoding, keep, chains):
+            s = steps[id(r)]
+            n = probe_trimmed(self.speculator.policy, r.constraint.mode, s.segments, n)
             if n < len(chain):
-                s = steps[id(r)]
                 try:
                     fork = r.constraint.fork()
                     if n:

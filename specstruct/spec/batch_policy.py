@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specstruct.spec.policy import PRIOR_DRAFT_COST, PRIOR_VERIFY_SLOPE, AdaptivePolicy, expected_tokens
+from specstruct.constraints.base import Mode
+from specstruct.spec.policy import PRIOR_DRAFT_COST, PRIOR_VERIFY_SLOPE, PROBE_EVERY, AdaptivePolicy, expected_tokens
 
 GAIN = 1.02  # a longer draft must promise a clear gain, not noise
 
@@ -88,6 +89,26 @@ def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[
             return n
         n[i] += 1
         tokens, best = added, g
+
+
+def probe_trimmed(policy: AdaptivePolicy, mode: Mode, segments: list[tuple[str, int]], kept: int) -> int:
+    """`kept` (from free_lengths), or one candidate more: a drafter whose candidates every batched pass trims away
+    would never be judged again, so its acceptance rate could never recover. Every PROBE_EVERY passes in a row
+    that trimmed a drafter's first candidate, that candidate is verified anyway (the candidates before it too: a
+    candidate counts only after them), as the policy probes a draft model it switched off."""
+    offset = 0
+    for name, count in segments:
+        key = (mode, name)
+        if offset < kept:  # judged this pass (in part at least): its rate keeps being measured
+            policy.idle_steps[key] = 0
+        else:
+            policy.idle_steps[key] += 1
+            if policy.idle_steps[key] >= PROBE_EVERY:
+                policy.idle_steps[key] = 0
+                return offset + 1
+            return kept  # the drafters after it are judged only after it
+        offset += count
+    return kept
 
 
 def allocate(policy: AdaptivePolicy, demands: list[Demand]) -> list[int]:

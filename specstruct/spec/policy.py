@@ -168,7 +168,11 @@ class AdaptivePolicy:
 
     # -- learning ---------------------------------------------------------------------------------------------
     def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int, config: SpecConfig | None = None) -> None:
-        """Per-token acceptance of one step's proposal; grow while it stays above the threshold, shrink below."""
+        """One step's verdict on a drafter's tokens: of the `proposed` the target judged (those it accepted and the
+        first it rejected; a row passes exactly those), `accepted` were accepted. Their ratio, averaged, is the
+        conditional per-token rate a of E(a, k): the chance that the next token is accepted given that the ones
+        before it were (accepted / all proposed would count tokens after a rejection as failures and read a long
+        draft's 0.9 as about 0.6). Grow the drafter's length while it stays above the threshold, shrink below."""
         if proposed <= 0:
             return
         cfg = config or self.config

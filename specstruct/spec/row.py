@@ -231,7 +231,7 @@ class Row:
                 st.proposed += seen
                 st.judged += seen
                 st.accepted += got
-                self.policy.observe(self.constraint.mode, name, count, got, self.config)
+                self.policy.observe(self.constraint.mode, name, seen, got, self.config)
 
 
 class Step:
@@ -253,8 +253,9 @@ class Step:
         are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
         offset = 0
         for name, count in self.segments:
-            if count - max(0, min(count, kept - offset)):
-                stats.per_drafter.setdefault(name, DrafterStats()).overruled += count - max(0, min(count, kept - offset))
+            dropped = count - max(0, min(count, kept - offset))
+            if dropped:
+                stats.per_drafter.setdefault(name, DrafterStats()).overruled += dropped
             offset += count
         self.trim(kept, fork)
 

@@ -25,7 +25,11 @@ def test_per_drafter_stats_count_only_judged_tokens():
     decode = Row(engine.speculator, [1, 2], engine.constraint(None), engine.config)
     # forced proposed 2, lookup 3, model 4; the target accepted 3: both forced tokens and lookup's first, then
     # rejected lookup's second. Lookup's third and all of the model's tokens were never judged.
+    seen = []
+    decode.policy.observe = lambda mode, name, proposed, accepted, config: seen.append((name, proposed, accepted))
     decode._record([("forced", 2), ("lookup", 3), ("model", 4)], accepted=3)
+    # the policy learns per-token rates from judged tokens only: lookup's rejected second token ends its trials
+    assert seen == [("forced", 2, 2), ("lookup", 2, 1)]
     per = decode.stats.per_drafter
     assert (per["forced"].proposed, per["forced"].accepted) == (2, 2)
     assert (per["lookup"].proposed, per["lookup"].accepted) == (2, 1)

@@ -1,8 +1,8 @@
 """The batch-aware draft lengths on their own: no model needed."""
 
 from specstruct.config import SpecConfig
-from specstruct.spec.batch_policy import Demand, allocate, goodput, pass_time
-from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.batch_policy import Demand, allocate, goodput, pass_time, probe_trimmed
+from specstruct.spec.policy import PROBE_EVERY, AdaptivePolicy
 
 ALL = {"forced", "lookup", "model"}
 
@@ -47,3 +47,13 @@ def test_pass_time_interpolates_measured_points():
     pol.observe_cost("target", 10, 2.0)
     assert pass_time(pol, 6) == 1.5
     assert pass_time(pol, 2) == 1.0 and pass_time(pol, 20) > 2.0
+
+
+def test_a_drafter_the_batch_always_trims_is_probed_now_and_then():
+    """Trimmed away in every pass, lookup would never be judged again and its rate never recover: every
+    PROBE_EVERY passes its first candidate is verified anyway (forced text, before it, too)."""
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    segments = [("forced", 2), ("lookup", 3)]
+    kept = [probe_trimmed(pol, "json", segments, 1) for _ in range(2 * PROBE_EVERY)]
+    assert kept.count(3) == 2 and kept[PROBE_EVERY - 1] == 3 and set(kept) == {1, 3}
+    assert probe_trimmed(pol, "json", segments, 4) == 4 and pol.idle_steps[("json", "lookup")] == 0  # judged
