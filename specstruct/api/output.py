@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from specstruct.constraints.base import finished
@@ -28,19 +29,33 @@ def deadline(timeout: float | None) -> float | None:
     return None if timeout == float("inf") else time.monotonic() + timeout
 
 
-def final_text(owner: Any, decode: Any, spec: OutputSpec, constraint: Any, cfg: Any) -> str:
+@dataclass(frozen=True)
+class Ending:
+    """What turns a finished row's tokens into the call's text: the tokenizer, the EOS ids, the output spec, its
+    compiled constraint (at its start: does a cut text still parse?) and the call's config."""
+
+    tokenizer: Any
+    eos_token_ids: Any
+    spec: OutputSpec
+    compiled: Any
+    cfg: Any
+
+
+def final_text(end: Ending, decode: Any, constraint: Any) -> str:
     """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
-    is complete under its constraint or this raises: when max_new_tokens or a stop string cut it short."""
-    full = owner.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
+    is complete under its constraint (`constraint`: the row's, advanced through the output) or this raises: when
+    max_new_tokens or a stop string cut it short."""
+    spec, cfg = end.spec, end.cfg
+    full = end.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
     text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
-    if text != full and spec.spec.mode not in ("text", "code") and not owner._compile(spec).accepts(text):
+    if text != full and spec.spec.mode not in ("text", "code") and not end.compiled.accepts(text):
         hit = min((s for s in cfg.stop if s in full), key=full.find)
         raise IncompleteOutputError(
             f"the stop string {hit!r} cut the {spec.spec.mode} output short at {text[:200]!r}, which is not a "
             "complete value; remove that stop string (constrained outputs end by themselves)",
             text, decode.token_ids, decode.stats, reason="stop")
     if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
-            and not finished(constraint, owner.eos_token_ids)):
+            and not finished(constraint, end.eos_token_ids)):
         raise IncompleteOutputError(
             f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
             f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
@@ -48,17 +63,17 @@ def final_text(owner: Any, decode: Any, spec: OutputSpec, constraint: Any, cfg: 
 
 
 class StreamChunks:
-    def __init__(self, owner: Any, spec: OutputSpec, constraint: Any, cfg: Any):
-        self.owner, self.spec, self.constraint, self.cfg = owner, spec, constraint, cfg
-        self.detok = IncrementalDetokenizer(owner.tokenizer, cfg.stop, code_fence=spec.spec.mode == "code")
-        self.json_mode = spec.spec.mode == "json"
+    def __init__(self, end: Ending, constraint: Any):
+        self.end, self.spec, self.constraint = end, end.spec, constraint
+        self.detok = IncrementalDetokenizer(end.tokenizer, end.cfg.stop, code_fence=end.spec.spec.mode == "code")
+        self.json_mode = end.spec.spec.mode == "json"
 
     def push(self, tokens: list[int]) -> Chunk | None:
         delta = self.detok.push(tokens)
         return Chunk(text=delta, partial=partial_json(self.detok.safe_text) if self.json_mode else None) if delta else None
 
     def final(self, row: Any) -> Chunk:
-        text = final_text(self.owner, row, self.spec, self.constraint, self.cfg)
+        text = final_text(self.end, row, self.constraint)
         try:
             value = self.spec.parse(text, row.token_ids)
         except RETRYABLE as err:

@@ -23,7 +23,7 @@ from specstruct.errors import IncompleteOutputError, InvalidPromptError, Validat
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
-from specstruct.api.output import RETRYABLE, StreamChunks, deadline, final_text
+from specstruct.api.output import RETRYABLE, Ending, StreamChunks, deadline, final_text
 from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
 from specstruct.api.prompt_ids import chat_ids
@@ -208,7 +208,7 @@ class SpecStruct:
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
             row = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
-            text = final_text(self, row, spec, fork, cfg)
+            text = final_text(Ending(self.tokenizer, self.eos_token_ids, spec, constraint, cfg), row, fork)
             result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
                             finish_reason=row.finish_reason)
             try:
@@ -282,9 +282,11 @@ class SpecStruct:
     def _stream_job(self, call: Call) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
         cfg = call.config
         spec = reply_spec(self.tokenizer, call.output_type, call.tools, call.tool_choice)
-        constraint = self._compile(spec).fork()
+        compiled = self._compile(spec)
+        constraint = compiled.fork()
         ids = self._encode(self._messages(call.prompt, spec, call.system), call.tools, cfg.max_new_tokens)
-        return StreamChunks(self, spec, constraint, cfg), (ids, constraint, cfg)
+        end = Ending(self.tokenizer, self.eos_token_ids, spec, compiled, cfg)
+        return StreamChunks(end, constraint), (ids, constraint, cfg)
 
     # -- asyncio: the same requests, awaited on the loop (no thread per call); a cancelled task, a `timeout=` or
     # an abandoned `astream` cancels its request
