@@ -171,7 +171,8 @@ class BatchConfig(BaseModel):
     >>> BatchConfig(max_batch_size=8, timeout_ms=50, fill_strategy="sequential", max_queue=256)
 
     - max_batch_size: most rows decoded together in one target pass;
-    - timeout_ms: how long an idle engine collects arrivals before its first pass (0: start at once);
+    - timeout_ms: how long an idle engine may collect a burst of arrivals before its first pass; it starts as
+      soon as 5 ms pass without a new arrival, so a lone request is not delayed (0: start at once);
     - fill_strategy: "sequential" refills free slots in arrival order, at the next step (continuous batching);
     - max_queue: most requests waiting for a slot; past it a new request gets `OverloadedError` at once.
     """

@@ -4,8 +4,9 @@
                  ▲                                                  │            tokens to each request's consumer
                  └── preempt: back to the front, KV spilled down ───┘
 
-- An idle engine collects arrivals for up to `timeout_ms` before its first pass, then admits in arrival order
-  ("sequential"); a finished row's slot is refilled before the next step (continuous batching).
+- An idle engine collects a burst of arrivals (each within GATHER_GAP_S of the last, for up to `timeout_ms`)
+  before its first pass, so a lone request starts at once; then it admits in arrival order ("sequential"); a
+  finished row's slot is refilled before the next step (continuous batching).
 - Past `max_queue` waiting requests, `submit` raises OverloadedError at once.
 - A consumer that goes away calls `Request.cancel()`; the row leaves before the next step and frees its slot.
 - KV memory (`kv_memory.active_bytes`, all running rows together; engine/preempt.py): before admitting, the
@@ -43,6 +44,7 @@ class RowDecoder(Protocol):
 
 
 DecoderFactory = Callable[[Speculator], RowDecoder]
+GATHER_GAP_S = 0.005  # an idle engine stops gathering a burst once no request arrived for this long
 DEFAULT_DECODER: DecoderFactory = BatchDecoder
 
 
@@ -169,11 +171,15 @@ class Scheduler:
         with self._cv:
             while self._closed is None and not self._waiting and not self._active:
                 self._cv.wait()
-            # an idle engine gathers a batch before its first pass (paused requests resume at once)
+            # an idle engine gathers a burst before its first pass: while requests keep arriving (each within
+            # GATHER_GAP_S of the last), for up to timeout_ms; a lone request starts at once (paused ones too)
             if self._closed is None and not self._active and not self._paused and self.config.timeout_ms > 0:
                 deadline = time.monotonic() + self.config.timeout_ms / 1000
                 while self._closed is None and len(self._waiting) < size and (left := deadline - time.monotonic()) > 0:
-                    self._cv.wait(left)
+                    arrived = len(self._waiting)
+                    self._cv.wait(min(left, GATHER_GAP_S))
+                    if len(self._waiting) == arrived:
+                        break  # no one came within the gap: the burst is over
             if self._closed is not None:
                 return False
         for row, req in list(self._active.values()):
