@@ -35,16 +35,11 @@ class Engine:
     kv_store: KVStore
     kv_budget: KVBudget
     preemption: Preemption
+    draft_model: torch.nn.Module | None  # as the engine computes it (int8 where draft_numerics asked for it)
 
     @property
     def numerics(self) -> str:
-        return self.speculator.numerics
-
-    @property
-    def draft_model(self) -> torch.nn.Module | None:
-        """The draft model as the engine computes it (int8 where `draft_numerics` asked for it), or None."""
-        drafter = self.speculator.drafters.get("model")
-        return None if drafter is None else drafter.runtime.model
+        return str(self.speculator.numerics)
 
     def cache_info(self) -> dict[str, Any]:
         return dict(self.prefix_cache.info(), preemption=self.preemption.info())
@@ -56,11 +51,11 @@ class Engine:
 
 def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], draft_model: torch.nn.Module | None,
           config: SpecConfig, batch_config: BatchConfig, *, decoder: DecoderFactory | None = None,
-          target: Runtime | None = None) -> Engine:
+          target: Runtime[Any] | None = None) -> Engine:
     """An engine over `model` (and `draft_model`, whose vocabulary must already match). `decoder` replaces the
     scheduler's row decoder and `target` the target's runtime (test doubles: testing.scripted_engine)."""
     device = next(model.parameters()).device
-    runtime = target or ModelRuntime(model)
+    runtime: Runtime[Any] = target or ModelRuntime(model)
     draft_rt = None
     if draft_model is not None:
         if config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
@@ -74,4 +69,4 @@ def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], 
     # past kv_memory.active_bytes (all running rows) the newest rows pause, their KV spilled to kv_store
     preemption = Preemption(budget, kv_store)
     scheduler = Scheduler(speculator, batch_config, decoder, preemption=preemption)
-    return Engine(speculator, scheduler, prefix_cache, kv_store, budget, preemption)
+    return Engine(speculator, scheduler, prefix_cache, kv_store, budget, preemption, draft_model)

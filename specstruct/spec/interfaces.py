@@ -8,7 +8,7 @@ Nothing here imports torch at module level beyond typing; implementations live i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specstruct.constraints.base import Constraint, Mode
 
@@ -70,18 +70,22 @@ class Sequence_(Protocol):
     def crop(self, length: int) -> None: ...
 
 
+S = TypeVar("S", bound=Sequence_)  # a runtime's own sequence type (ModelRuntime: runtime.packed.KVSequence)
+
+
 @runtime_checkable
-class Runtime(Protocol):
+class Runtime(Protocol[S]):
     """A causal LM with per-sequence KV caches: `sequence` makes one, `forward` runs one pass over the segments of
     many (the batch decoder's only call: prefill chunks, draft steps and verification alike)."""
 
     vocab_size: int
+    numerics: str  # what computes: weight format, kernels (a result's stats.numerics names it)
 
-    def sequence(self) -> Sequence_:
+    def sequence(self) -> S:
         """A new, empty sequence."""
         ...
 
-    def forward(self, segments: Sequence[tuple[Sequence_, Sequence[int]]], keep: Sequence[int]) -> "list[torch.Tensor]":
+    def forward(self, segments: Sequence[tuple[S, Sequence[int]]], keep: Sequence[int]) -> "list[torch.Tensor]":
         """One pass appending each segment's tokens to its sequence; logits [keep[i], vocab] of each segment's
         last keep[i] tokens."""
         ...
