@@ -1,4 +1,4 @@
-"""From a request's committed tokens to text: the final text of a finished row (cut at stops, complete under its
+"""From a request's committed tokens to text: the final text of a finished request (cut at stops, complete under its
 constraint or IncompleteOutputError), and a stream's chunks: text deltas (with the partial object in JSON modes), then
 a last chunk with the validated Result. Shared by `run`, `stream` and their asyncio twins."""
 
@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from specstruct.constraints.base import finished
 from specstruct.spec import stops
 from specstruct.errors import IncompleteOutputError, InvalidParameterError, ValidationRetryError
+from specstruct.engine.request import Output
 from specstruct.types.output import OutputSpec
 from specstruct.results import Chunk, Result
 from specstruct.api.streaming import IncrementalDetokenizer, partial_json
@@ -31,20 +31,18 @@ def deadline(timeout: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class Ending:
-    """What turns a finished row's tokens into the call's text: the tokenizer, the EOS ids, the output spec, its
-    compiled constraint (at its start: does a cut text still parse?) and the call's config."""
+    """What turns a finished request's Output into the call's text: the tokenizer, the output spec, its compiled
+    constraint (at its start: does a cut text still parse?) and the call's config."""
 
     tokenizer: Any
-    eos_token_ids: Any
     spec: OutputSpec
     compiled: Any
     cfg: Any
 
 
-def final_text(end: Ending, decode: Any, constraint: Any) -> str:
+def final_text(end: Ending, decode: Output) -> str:
     """The final text (cut before a stop string; code mode: before the closing fence). A constrained output
-    is complete under its constraint (`constraint`: the row's, advanced through the output) or this raises: when
-    max_new_tokens or a stop string cut it short."""
+    is a whole value or this raises: when max_new_tokens or a stop string cut it short."""
     spec, cfg = end.spec, end.cfg
     full = end.tokenizer.decode(decode.token_ids, skip_special_tokens=True)
     text = stops.cut(full, cfg.stop, code_fence=spec.spec.mode == "code")
@@ -55,7 +53,7 @@ def final_text(end: Ending, decode: Any, constraint: Any) -> str:
             "complete value; remove that stop string (constrained outputs end by themselves)",
             text, decode.token_ids, decode.stats, reason="stop")
     if (decode.finish_reason == "length" and spec.spec.mode not in ("text", "code")
-            and not finished(constraint, end.eos_token_ids)):
+            and not decode.complete):
         raise IncompleteOutputError(
             f"max_new_tokens={cfg.max_new_tokens} ran out before the {spec.spec.mode} output was complete; "
             f"raise max_new_tokens. Partial output: {text[:200]!r}", text, decode.token_ids, decode.stats)
@@ -63,8 +61,8 @@ def final_text(end: Ending, decode: Any, constraint: Any) -> str:
 
 
 class StreamChunks:
-    def __init__(self, end: Ending, constraint: Any):
-        self.end, self.spec, self.constraint = end, end.spec, constraint
+    def __init__(self, end: Ending):
+        self.end, self.spec = end, end.spec
         self.detok = IncrementalDetokenizer(end.tokenizer, end.cfg.stop, code_fence=end.spec.spec.mode == "code")
         self.json_mode = end.spec.spec.mode == "json"
 
@@ -72,14 +70,14 @@ class StreamChunks:
         delta = self.detok.push(tokens)
         return Chunk(text=delta, partial=partial_json(self.detok.safe_text) if self.json_mode else None) if delta else None
 
-    def final(self, row: Any) -> Chunk:
-        text = final_text(self.end, row, self.constraint)
+    def final(self, out: Output) -> Chunk:
+        text = final_text(self.end, out)
         try:
-            value = self.spec.parse(text, row.token_ids)
+            value = self.spec.parse(text, out.token_ids)
         except RETRYABLE as err:
             raise ValidationRetryError(f"the streamed output failed validation: {err}",
-                                       [{"text": text, "error": str(err), "stats": row.stats}]) from err
-        result = Result(value=value, text=text, token_ids=row.token_ids, stats=row.stats,
-                        finish_reason=row.finish_reason)
+                                       [{"text": text, "error": str(err), "stats": out.stats}]) from err
+        result = Result(value=value, text=text, token_ids=out.token_ids, stats=out.stats,
+                        finish_reason=out.finish_reason)
         return Chunk(text=text[self.detok.emitted:], partial=partial_json(text) if self.json_mode else None,
                      result=result)  # `partial` stays the parsed JSON (a dict) to the end; the value is result.value

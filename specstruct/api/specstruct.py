@@ -17,6 +17,7 @@ from specstruct.config import BatchConfig, SpecConfig
 from specstruct.constraints import Constraint, compile_constraint
 from specstruct.runtime.openmp import release_pool
 from specstruct.engine.core import build as build_engine
+from specstruct.engine.request import Output
 from specstruct.engine.scheduler import DecoderFactory
 from specstruct.spec.interfaces import Runtime
 from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
@@ -189,17 +190,17 @@ class SpecStruct:
         while True:
             req = self.scheduler.submit(*job)
             try:
-                row = req.result(until)
+                out = req.result(until)
             finally:
                 req.cancel()  # a no-op once finished; frees the slot if this thread was interrupted
             try:
-                job = plan.send(row)
+                job = plan.send(out)
             except StopIteration as done:
                 return done.value
 
-    def _attempts(self, call: Call) -> Generator[tuple[list[int], Constraint, SpecConfig], Any, Result]:
+    def _attempts(self, call: Call) -> Generator[tuple[list[int], Constraint, SpecConfig], Output, Result]:
         """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
-        finished row, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
+        finished request's Output, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
         cfg, tools = call.config, call.tools
         spec = reply_spec(self.tokenizer, call.output_type, tools, call.tool_choice)
         constraint = self._compile(spec)
@@ -207,12 +208,12 @@ class SpecStruct:
         attempts: list[dict[str, Any]] = []
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
-            row = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
-            text = final_text(Ending(self.tokenizer, self.eos_token_ids, spec, constraint, cfg), row, fork)
-            result = Result(value=text, text=text, token_ids=row.token_ids, stats=row.stats,
-                            finish_reason=row.finish_reason)
+            out = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
+            text = final_text(Ending(self.tokenizer, spec, constraint, cfg), out)
+            result = Result(value=text, text=text, token_ids=out.token_ids, stats=out.stats,
+                            finish_reason=out.finish_reason)
             try:
-                result.value = spec.parse(result.text, row.token_ids)
+                result.value = spec.parse(result.text, out.token_ids)
             except RETRYABLE as err:
                 if result.finish_reason == "length" and spec.spec.mode == "code":  # cut: the budget won't help
                     raise IncompleteOutputError(
@@ -277,7 +278,7 @@ class SpecStruct:
                     yield chunk
         finally:
             req.cancel()
-        yield chunks.final(req.row)
+        yield chunks.final(req.output)
 
     def _stream_job(self, call: Call) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
         cfg = call.config
@@ -285,8 +286,7 @@ class SpecStruct:
         compiled = self._compile(spec)
         constraint = compiled.fork()
         ids = self._encode(self._messages(call.prompt, spec, call.system), call.tools, cfg.max_new_tokens)
-        end = Ending(self.tokenizer, self.eos_token_ids, spec, compiled, cfg)
-        return StreamChunks(end, constraint), (ids, constraint, cfg)
+        return StreamChunks(Ending(self.tokenizer, spec, compiled, cfg)), (ids, constraint, cfg)
 
     # -- asyncio: the same requests, awaited on the loop (no thread per call); a cancelled task, a `timeout=` or
     # an abandoned `astream` cancels its request
@@ -305,11 +305,11 @@ class SpecStruct:
         while True:
             req = self.scheduler.submit(*job, loop=loop)
             try:
-                row = await req.aresult(until)
+                out = await req.aresult(until)
             finally:
                 req.cancel()  # a no-op once finished; frees the slot when the task was cancelled
             try:
-                job = plan.send(row)
+                job = plan.send(out)
             except StopIteration as done:
                 return done.value
 
@@ -336,7 +336,7 @@ class SpecStruct:
                     yield chunk
         finally:
             req.cancel()
-        yield chunks.final(req.row)
+        yield chunks.final(req.output)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:

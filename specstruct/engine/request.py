@@ -1,26 +1,47 @@
-"""One queued request as its caller sees it: the committed tokens as they come, then the finished row.
+"""One queued request as its caller sees it: the committed tokens as they come, then its Output.
 
 The scheduler thread calls `emit` / `end`; the caller reads with `tokens()` (any thread, with a deadline) or
 `atokens()` (an asyncio task). Going away is `cancel()`: the scheduler drops the row before its next step.
+Only copies cross to the caller: token lists and, at the end, an immutable Output; the row stays on the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import queue
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from specstruct.errors import RequestTimeoutError
+from specstruct.results import Stats
 
 _END = object()
+
+
+@dataclass(frozen=True)
+class Output:
+    """A finished (or cancelled) request, made on the scheduler thread when its row ends: what it wrote, why it
+    stopped, its stats, and whether its constraint took the output as a whole value. Nothing in it is shared
+    with the engine (in the spirit of vLLM's EngineCoreOutput)."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop", "length" or "error"
+    stats: Stats
+    complete: bool  # the constraint is final and allows only the end there (constraints.base.finished)
+
+    @classmethod
+    def of(cls, row: Any) -> "Output":
+        complete = row.complete()  # first: it may compute a mask, whose time the stats count
+        return cls(list(row.token_ids), row.finish_reason, copy.deepcopy(row.stats), complete)
 
 
 class Request:
     def __init__(self, prompt: list[int], constraint: Any, config: Any, *, wake: Callable[[], None],
                  loop: asyncio.AbstractEventLoop | None = None):
         self.prompt, self.constraint, self.config = prompt, constraint, config
-        self.row: Any = None  # the engine's Row once the request has finished
+        self.output: Output | None = None  # once finished with a row (None: failed or cancelled before one ran)
         self.error: BaseException | None = None
         self.cancelled = self.done = False
         self.submitted = time.perf_counter()
@@ -43,14 +64,15 @@ class Request:
         self._put(tokens)
 
     def end(self, error: BaseException | None, row: Any = None) -> None:
-        """Finished (error None), failed, or dropped after a cancel. Sets the row's queue and batch stats."""
+        """Finished (error None), failed, or dropped after a cancel: the caller's Output is made here, on the
+        scheduler thread, with the row's queue and batch stats."""
         if self.done:
             return
-        self.row, self.error, self.done = row, error, True
-        stats = getattr(row, "stats", None)
-        if stats is not None:
-            stats.queue_s = self.queue_s or 0.0
-            stats.batch_rows = self._rows / self._passes if self._passes else 0.0
+        if row is not None:
+            row.stats.queue_s = self.queue_s or 0.0
+            row.stats.batch_rows = self._rows / self._passes if self._passes else 0.0
+            self.output = Output.of(row)
+        self.error, self.done = error, True
         self._put(_END)
 
     def _put(self, item: Any) -> None:
@@ -105,16 +127,18 @@ class Request:
         if self.error is not None:
             raise self.error
 
-    def result(self, deadline: float | None = None) -> Any:
-        """Block until finished; returns the row (the engine's Row)."""
+    def result(self, deadline: float | None = None) -> Output:
+        """Block until finished; its Output (raises its error, or RequestTimeoutError at `deadline`)."""
         for _ in self.tokens(deadline):
             pass
-        return self.row
+        assert self.output is not None  # finished without an error: a row ran
+        return self.output
 
-    async def aresult(self, deadline: float | None = None) -> Any:
+    async def aresult(self, deadline: float | None = None) -> Output:
         async for _ in self.atokens(deadline):
             pass
-        return self.row
+        assert self.output is not None
+        return self.output
 
     def _timeout(self) -> RequestTimeoutError:
         where = "waiting for a slot" if self.queue_s is None else "while decoding"

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from specstruct.config import SpecConfig
+from specstruct.constraints.base import finished
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from specstruct.spec.interfaces import Constraint
@@ -130,6 +131,17 @@ class Row:
         self.stats.new_tokens = len(self.token_ids)
         self.stats.elapsed_s = time.perf_counter() - self.started
         self.stats.batch_rows = self.rows_seen / self.passes if self.passes else 0.0
+
+    def complete(self) -> bool:
+        """For a row max_new_tokens stopped: whether its constraint takes the output as a whole value (final,
+        nothing but the end legal). True for a row that ended otherwise (a stop string's cut is checked on the
+        text, api/output.py)."""
+        if self.finish_reason != "length":
+            return True
+        try:
+            return finished(self.constraint, self.speculator.eos)
+        except Exception:  # a constraint that failed cannot vouch for anything
+            return False
 
     def saw_pass(self, rows: int, seconds: float) -> None:
         self.passes += 1

@@ -68,7 +68,7 @@ def _together(e: ss.SpecStruct) -> list[list[int]]:
     out = []
     for req in reqs:
         streamed = [t for chunk in req.tokens(_deadline()) for t in chunk]
-        assert req.row.error is None and streamed == req.row.token_ids
+        assert req.error is None and streamed == req.output.token_ids
         out.append(streamed)
     return out
 

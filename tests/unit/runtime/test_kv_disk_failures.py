@@ -128,7 +128,7 @@ def test_a_pause_that_raises_ends_that_request_alone_and_frees_its_spill(tok, ta
             assert r.result(_deadline()).token_ids == alone[i]
         except SpecStructError as err:  # a hang would fail with RequestTimeoutError instead
             assert "pausing this request" in str(err) and "injected" in str(err)
-            assert alone[i][: len(r.row.token_ids)] == r.row.token_ids  # what it emitted before stays right
+            assert alone[i][: len(r.output.token_ids)] == r.output.token_ids  # what it emitted before stays right
             failed.append(i)
     assert len(failed) == 1 and len(calls) >= 2
     info = e.cache_info()["preemption"]
