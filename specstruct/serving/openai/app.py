@@ -4,15 +4,14 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
-The engine is reached only through its public API (`stream`/`astream`, `constraint`, `prompt_ids`; GET /health also
-asks `engine.scheduler.problem()` where there is one), so the
-same app serves a single-sequence engine (calls run in worker threads, one at a time) and a batched one."""
+The engine is reached only through its public API (`astream`, awaited on the event loop; `constraint`, `prompt_ids`;
+GET /health also asks `engine.scheduler.problem()`); every request is a request to the engine's scheduler, which
+batches them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from typing import Any
 
@@ -36,12 +35,11 @@ from specstruct.serving.openai.translate import EngineCall, chat_call, completio
 
 
 class _Server:
-    """The per-app state: engine, names, limits, metrics, admission and the cancel flags of live requests."""
+    """The per-app state: engine, names, limits, metrics, admission, and the flag that stops live requests."""
 
     def __init__(self, engine: Any, name: str, api_key: str | None, limits: ServerLimits):
         self.engine, self.name, self.api_key, self.limits = engine, name, api_key, limits
         self.metrics, self.admission = Metrics(), Admission(limits)
-        self.live: set[threading.Event] = set()
         self.stopping = asyncio.Event()  # set when the server shuts down: live requests end with a 503 error
 
     # -- one request ------------------------------------------------------------------------------------
@@ -96,10 +94,10 @@ class _Server:
             self.metrics.in_flight.dec()
         self.metrics.finished(endpoint, status, time.perf_counter() - started)
 
-    async def _run(self, call: EngineCall, cancel: threading.Event, asm: Assembler, sink: list) -> None:
+    async def _run(self, call: EngineCall, asm: Assembler, sink: list) -> None:
         """Feed every chunk of the call through `asm` into `sink` (deltas), then its last deltas."""
         cut = None
-        source = chunks(self.engine, call, self.limits, cancel, self.stopping)
+        source = chunks(self.engine, call, self.limits, self.stopping)
         try:
             async for chunk in source:
                 sink.extend(asm.feed(chunk))
@@ -111,9 +109,8 @@ class _Server:
         self.metrics.decoded(call.mode, asm.stats)
 
     async def _complete(self, request: Request, call: EngineCall, shape: Shape) -> dict[str, Any]:
-        cancel, asm, deltas = threading.Event(), Assembler(self.engine.tokenizer, call), []
-        self.live.add(cancel)
-        task = asyncio.ensure_future(self._run(call, cancel, asm, deltas))
+        asm, deltas = Assembler(self.engine.tokenizer, call), []
+        task = asyncio.ensure_future(self._run(call, asm, deltas))
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=0.25)
@@ -123,15 +120,12 @@ class _Server:
         except Exception as exc:
             raise from_exception(exc, constraint_param=call.constraint_param, prompt_param=call.prompt_param) from exc
         finally:  # also on cancellation (shutdown): the generation stops at its next step
-            cancel.set()
             task.cancel()
-            self.live.discard(cancel)
         return shape.body(deltas, asm.finish_reason, asm.stats)
 
     async def _sse(self, call: EngineCall, shape: Shape, endpoint: str, started: float):
-        cancel, asm, status = threading.Event(), Assembler(self.engine.tokenizer, call), 200
-        self.live.add(cancel)
-        source = chunks(self.engine, call, self.limits, cancel, self.stopping)
+        asm, status = Assembler(self.engine.tokenizer, call), 200
+        source = chunks(self.engine, call, self.limits, self.stopping)
         first = True
         try:
             if shape.chat:
@@ -162,20 +156,13 @@ class _Server:
             status = 499
             raise
         finally:  # also on client disconnect (the response task is cancelled): cancel the generation
-            cancel.set()
-            self.live.discard(cancel)
             await source.aclose()
             self._done(True, endpoint, status, started)
-
-    def cancel_all(self) -> None:
-        for flag in list(self.live):
-            flag.set()
 
     def stop_requests(self) -> None:
         """End every live request now, in OpenAI's shape: a 503 `shutting_down` error (an error event then [DONE] in a
         stream), their generations cancelled (GracefulServer calls this just before its graceful timeout)."""
         self.stopping.set()
-        self.cancel_all()
 
 
 def create_app(engine: Any, *, served_model_name: str, api_key: str | None = None,
@@ -187,7 +174,7 @@ def create_app(engine: Any, *, served_model_name: str, api_key: str | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(_: fastapi.FastAPI):
         yield
-        server.cancel_all()  # shutdown: running generations stop at their next step
+        server.stop_requests()  # shutdown: running generations stop at their next step
 
     app = fastapi.FastAPI(title="specstruct", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.specstruct = server

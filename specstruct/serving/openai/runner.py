@@ -1,13 +1,10 @@
 """Running one EngineCall from the event loop: validate it (constraint compiles, prompt fits) and iterate its
-stream chunks, cancelling the generation when the consumer goes away (client disconnect, timeout, shutdown).
-
-Uses the engine's own `astream` when it has one (the batched scheduler); otherwise runs the blocking
-`engine.stream` generator in a worker thread and closes it at the next chunk after cancellation."""
+stream chunks (`engine.astream`: awaited on the loop, no thread per request), cancelling the generation when the
+consumer goes away (client disconnect, timeout, shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, AsyncIterator
 
 import anyio
@@ -16,7 +13,6 @@ from specstruct.serving.openai.errors import NO_RETRY, APIError, bad_request, fr
 from specstruct.serving.openai.limits import ServerLimits
 from specstruct.serving.openai.translate import EngineCall
 
-_DONE = object()
 
 
 async def prepare(engine: Any, call: EngineCall, limits: ServerLimits) -> int:
@@ -42,49 +38,12 @@ async def prepare(engine: Any, call: EngineCall, limits: ServerLimits) -> int:
     return n
 
 
-async def _thread_stream(engine: Any, call: EngineCall, cancel: threading.Event) -> AsyncIterator[Any]:
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def put(item: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            cancel.set()
-
-    def produce() -> None:
-        iterator = None
-        try:
-            iterator = engine.stream(call.prompt, call.output_type, tools=call.tools, **call.kwargs)
-            for chunk in iterator:
-                if cancel.is_set():
-                    break
-                put(chunk)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            put(exc)
-        finally:
-            if iterator is not None:
-                iterator.close()  # releases the engine (GeneratorExit inside its decode loop)
-            put(_DONE)
-
-    threading.Thread(target=produce, name="specstruct-request", daemon=True).start()
-    while True:
-        item = await queue.get()
-        if item is _DONE:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: threading.Event,
+async def chunks(engine: Any, call: EngineCall, limits: ServerLimits,
                  stopping: asyncio.Event | None = None) -> AsyncIterator[Any]:
     """The call's `ss.Chunk`s; engine errors surface as the original exceptions (IncompleteOutputError included).
     Past `limits.request_timeout_s` raises APIError(504); once `stopping` is set (the server is shutting down),
     APIError(503). Closing this generator cancels the generation."""
-    astream = getattr(engine, "astream", None)
-    source = (astream(call.prompt, call.output_type, tools=call.tools, **call.kwargs) if astream is not None
-              else _thread_stream(engine, call, cancel))
+    source = engine.astream(call.prompt, call.output_type, tools=call.tools, **call.kwargs)
     deadline = loop_time() + limits.request_timeout_s
     stop = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
     step = None
@@ -109,7 +68,6 @@ async def chunks(engine: Any, call: EngineCall, limits: ServerLimits, cancel: th
     finally:
         if stop is not None:
             stop.cancel()
-        cancel.set()
         if step is not None and not step.done():  # we were cancelled (the client left) while the source ran:
             step.cancel()  # it unwinds in its own task, closing the source; aclose now would find it running
         else:
