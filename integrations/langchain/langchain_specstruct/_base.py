@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from contextlib import contextmanager
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from langchain_specstruct._engines import EngineKey, engine_lock, engine_name, get_engine
+from langchain_specstruct._engines import EngineKey, engine_name, get_engine
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
@@ -119,18 +118,9 @@ class SpecStructParams(BaseModel):
             "config": self._spec_config(engine, kwargs),
         }
 
-    @contextmanager
-    def _locked(self, engine: Any) -> Iterator[None]:
-        if getattr(engine, "scheduler", None) is not None:  # a specstruct engine queues and batches calls itself
-            yield
-            return
-        with engine_lock(engine):
-            yield
-
     def _iter_stream(self, engine: Any, prompt: Any, output_type: Any, **run_kwargs: Any) -> Iterator[Any]:
-        """`engine.stream(...)` chunks (a stream is a request like any other: no lock held between chunks)."""
-        with self._locked(engine):
-            yield from engine.stream(prompt, output_type, **run_kwargs)
+        """`engine.stream(...)` chunks (a stream is a request to the engine's scheduler like any other)."""
+        yield from engine.stream(prompt, output_type, **run_kwargs)
 
     def _model_name(self, engine: Any) -> str:
         return self.model if self.engine is None else engine_name(engine, self.model)

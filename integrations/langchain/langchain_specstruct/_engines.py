@@ -4,22 +4,18 @@ Building a `ChatSpecStruct` costs nothing: the models load on the first call, an
 same (model, draft, device, dtype) shares one loaded engine, so LangChain code that builds many model
 objects (chains, `bind`, the standard test-suite's ~60 instances) loads the weights once.
 
-An engine owns a KV cache and grammar state, so one generation runs on it at a time: `engine_lock`
-serialises calls (batch and async calls queue up on it instead of corrupting each other's cache).
-
+Calls need no lock: every call is a request to the engine's scheduler, which batches concurrent ones.
 Loading takes minutes, so it holds only its own key's lock: calls on engines already loaded, and loads of
-other keys, go on meanwhile. Locks live as long as their engine (a weak table), not for the process.
+other keys, go on meanwhile.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any, NamedTuple
 
 _ENGINES: dict["EngineKey", Any] = {}
 _LOADING: dict["EngineKey", threading.Lock] = {}  # one lock per key while it loads
-_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
 _GUARD = threading.Lock()  # held only for dictionary updates, never while loading
 
 
@@ -48,15 +44,6 @@ def get_engine(key: EngineKey) -> Any:
                 _ENGINES[key] = engine
                 _LOADING.pop(key, None)
     return engine
-
-
-def engine_lock(engine: Any) -> threading.RLock:
-    """The lock that serialises generations on `engine` (re-entrant: a retry inside a call is fine)."""
-    with _GUARD:
-        lock = _LOCKS.get(engine)
-        if lock is None:
-            lock = _LOCKS[engine] = threading.RLock()
-        return lock
 
 
 def clear_engines() -> None:

@@ -12,7 +12,6 @@ from langchain_core.language_models.chat_models import BaseChatModel, LangSmithP
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from langchain_core.runnables.config import run_in_executor
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
@@ -169,8 +168,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
         req = self._request(messages, stop, kwargs)
         try:
-            with self._locked(req.engine):
-                result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
+            result = req.engine.run(req.prompt, req.output_type, **req.run_kwargs)
         except (IncompleteOutputError, ValidationRetryError) as err:
             return self._chat_result(req, None, err)
         return self._chat_result(req, result)
@@ -270,12 +268,8 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
             return generate_from_stream(iter(chunks))
         req = self._request(messages, stop, kwargs)
-        arun = getattr(req.engine, "arun", None)
-        if arun is None:  # an engine without asyncio calls: run it in a worker thread
-            sync_manager = run_manager.get_sync() if run_manager else None
-            return await run_in_executor(None, self._generate, messages, stop, sync_manager, **kwargs)
         try:  # awaits the engine's scheduler directly: concurrent calls share its batches
-            result = await arun(req.prompt, req.output_type, **req.run_kwargs)
+            result = await req.engine.arun(req.prompt, req.output_type, **req.run_kwargs)
         except (IncompleteOutputError, ValidationRetryError) as err:
             return self._chat_result(req, None, err)
         return self._chat_result(req, result)

@@ -65,11 +65,10 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
             engine, output_type, run_kwargs = self._call_args(stop, kwargs)
 
             def one(prompt: str) -> Generation:
-                with self._locked(engine):
-                    result = engine.run(prompt, output_type, **run_kwargs)
+                result = engine.run(prompt, output_type, **run_kwargs)
                 return Generation(text=result.text, generation_info=self._info(result))
 
-            if len(prompts) > 1 and getattr(engine, "scheduler", None) is not None:  # `batch`: batched together
+            if len(prompts) > 1:  # `batch`: the engine's scheduler batches them together
                 with ThreadPoolExecutor(min(len(prompts), 64), thread_name_prefix="specstruct-llm") as pool:
                     generations = [[g] for g in pool.map(one, prompts)]
             else:
@@ -102,7 +101,7 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         engine, output_type, run_kwargs = self._call_args(stop, kwargs)
-        if self.streaming or getattr(engine, "arun", None) is None:
+        if self.streaming:
             sync_manager = run_manager.get_sync() if run_manager else None
             return await run_in_executor(None, self._generate, prompts, stop, sync_manager, **kwargs)
         results = await asyncio.gather(*(engine.arun(p, output_type, **run_kwargs) for p in prompts))

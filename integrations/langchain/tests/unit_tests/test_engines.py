@@ -1,9 +1,8 @@
-"""The shared engine table: loading one engine never stalls calls on engines already loaded,
-the same key loads once, and the per-engine locks go away with their engines."""
+"""The shared engine table: loading one engine never stalls calls on engines already loaded, and the same key
+loads once."""
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import pytest
@@ -40,22 +39,13 @@ def test_loading_does_not_stall_locks_of_loaded_engines(slow_load):
     for t in loaders:
         t.start()
     assert started.wait(5)
+    _engines._ENGINES[loaded := _engines.EngineKey("loaded", None, "cpu", "float32")] = engine = _Engine()
     got = []
-    probe = threading.Thread(target=lambda: got.append(_engines.engine_lock(_Engine())))
+    probe = threading.Thread(target=lambda: got.append(_engines.get_engine(loaded)))
     probe.start()
     probe.join(2)
-    assert got, "engine_lock waited for another engine's weights to load"
+    assert got == [engine], "a loaded engine waited for another engine's weights to load"
     release.set()
     for t in loaders:
         t.join(5)
     assert calls == ["slow-model"]  # two callers, one load
-
-
-def test_engine_locks_are_dropped_with_their_engines():
-    before = len(_engines._LOCKS)
-    engine = _Engine()
-    lock = _engines.engine_lock(engine)
-    assert _engines.engine_lock(engine) is lock and len(_engines._LOCKS) == before + 1
-    del engine
-    gc.collect()
-    assert len(_engines._LOCKS) == before
