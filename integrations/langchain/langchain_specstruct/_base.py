@@ -151,7 +151,7 @@ async def aiter_in_thread(make_iter: Callable[[], Iterator[Any]]) -> AsyncIterat
     """Run a blocking iterator in a worker thread and yield its items without blocking the event loop.
 
     Items travel through an asyncio.Queue; if the consumer stops early, the worker stops at the next item
-    (closing the sync generator, which releases the engine lock)."""
+    (closing the sync generator, which cancels its request)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     done, cancelled = object(), threading.Event()
