@@ -3,13 +3,10 @@ the engine's statistics become LangChain metadata."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import warnings
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_specstruct._engines import EngineKey, engine_name, get_engine
@@ -118,10 +115,6 @@ class SpecStructParams(BaseModel):
             "config": self._spec_config(engine, kwargs),
         }
 
-    def _iter_stream(self, engine: Any, prompt: Any, output_type: Any, **run_kwargs: Any) -> Iterator[Any]:
-        """`engine.stream(...)` chunks (a stream is a request to the engine's scheduler like any other)."""
-        yield from engine.stream(prompt, output_type, **run_kwargs)
-
     def _model_name(self, engine: Any) -> str:
         return self.model if self.engine is None else engine_name(engine, self.model)
 
@@ -144,50 +137,3 @@ def speculative_metadata(stats: Any) -> dict[str, Any]:
         for name, d in per.items()
     }
     return out
-
-
-# -- async ------------------------------------------------------------------------------------------
-async def aiter_in_thread(make_iter: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
-    """Run a blocking iterator in a worker thread and yield its items without blocking the event loop.
-
-    Items travel through an asyncio.Queue; if the consumer stops early, the worker stops at the next item
-    (closing the sync generator, which cancels its request)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    done, cancelled = object(), threading.Event()
-
-    def put(item: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # loop already closed: nobody is listening any more
-            cancelled.set()
-
-    def produce() -> None:
-        try:
-            iterator = make_iter()
-            try:
-                for item in iterator:
-                    if cancelled.is_set():
-                        break
-                    put(item)
-            finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
-        except BaseException as e:  # re-raised in the consumer
-            put(e)
-        finally:
-            put(done)
-
-    worker = asyncio.ensure_future(run_in_executor(None, produce))
-    try:
-        while True:
-            item = await queue.get()
-            if item is done:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        cancelled.set()  # the worker notices at its next item; its future needs no awaiting (it never raises)
-        del worker

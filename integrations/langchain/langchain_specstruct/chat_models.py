@@ -15,7 +15,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from langchain_specstruct._base import SpecStructParams, aiter_in_thread, speculative_metadata, usage_metadata
+from langchain_specstruct._base import SpecStructParams, speculative_metadata, usage_metadata
 from langchain_specstruct._messages import to_chat_messages
 from langchain_specstruct._structured import structured_runnable
 from langchain_specstruct._tools import (
@@ -216,45 +216,20 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         req = self._request(messages, stop, kwargs)
-        streamer = ToolCallStreamer() if req.calls else None
-        result, truncated, seen, rest = None, None, "", ""
+        chunks = _Chunks(self, req)
         try:
-            for chunk in self._iter_stream(req.engine, req.prompt, req.output_type, **req.run_kwargs):
-                result, seen = chunk.result or result, seen + chunk.text
-                text, calls = streamer.feed(chunk.text) if streamer else (chunk.text, [])
-                if text or calls:
-                    gen = ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
+            for chunk in req.engine.stream(req.prompt, req.output_type, **req.run_kwargs):
+                if (gen := chunks.feed(chunk)) is not None:
                     if run_manager:
-                        run_manager.on_llm_new_token(text, chunk=gen)
+                        run_manager.on_llm_new_token(gen.text, chunk=gen)
                     yield gen
         except IncompleteOutputError as err:
-            truncated = self._truncated_text(req, err)
-            rest = err.text[len(seen):] if err.text.startswith(seen) else ""  # text the stream still held back
+            chunks.cut(err)
         except ValidationRetryError as err:  # the text was streamed already; the parser reports the error
-            truncated = self._failed_validation(req, err)
-        if truncated is not None:  # a cut call goes out as its chunk, with the text it had as arguments
-            text, done = streamer.feed(rest) if streamer else (rest, [])
-            tail, late, cut = streamer.cut_short() if streamer else ("", [], [])
-            last = AIMessageChunk(content=text + tail, tool_call_chunks=done + late + cut, chunk_position="last",
-                                  usage_metadata=truncated.usage_metadata,
-                                  response_metadata=truncated.response_metadata)
-            yield ChatGenerationChunk(message=last)
-            return
-        if result is None:
-            raise RuntimeError("specstruct's stream ended without a final result; this is a bug in specstruct.")
-        tail, late = "", []
-        if streamer:
-            tail, late = streamer.finish()
-            if not streamer.calls:  # markers hidden from streamed text (special tokens): parse the tokens
-                content, calls = parse_tool_calls(self._reply_text(req, result))
-                if calls:
-                    tail, late = "", [streamer._chunk(c) for c in calls]
-        last = AIMessageChunk(content=tail, tool_call_chunks=late, usage_metadata=usage_metadata(result.stats),
-                              response_metadata=self._metadata(req, result, bool(streamer and (streamer.calls or late))),
-                              chunk_position="last")
-        gen = ChatGenerationChunk(message=last)
-        if run_manager:
-            run_manager.on_llm_new_token(tail, chunk=gen)
+            chunks.invalid(err)
+        gen, tell = chunks.last()
+        if run_manager and tell:
+            run_manager.on_llm_new_token(gen.text, chunk=gen)
         yield gen
 
     async def _agenerate(
@@ -281,7 +256,72 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for gen in aiter_in_thread(lambda: self._stream(messages, stop, None, **kwargs)):
-            if run_manager:
-                await run_manager.on_llm_new_token(gen.text, chunk=gen)
-            yield gen
+        """`_stream` awaited on the event loop: the engine's astream is a request to its scheduler like any other."""
+        req = self._request(messages, stop, kwargs)
+        chunks = _Chunks(self, req)
+        try:
+            async for chunk in req.engine.astream(req.prompt, req.output_type, **req.run_kwargs):
+                if (gen := chunks.feed(chunk)) is not None:
+                    if run_manager:
+                        await run_manager.on_llm_new_token(gen.text, chunk=gen)
+                    yield gen
+        except IncompleteOutputError as err:
+            chunks.cut(err)
+        except ValidationRetryError as err:
+            chunks.invalid(err)
+        gen, tell = chunks.last()
+        if run_manager and tell:
+            await run_manager.on_llm_new_token(gen.text, chunk=gen)
+        yield gen
+
+
+class _Chunks:
+    """A stream's engine chunks -> LangChain chunks (text, tool-call chunks, then a last chunk with usage and
+    metadata), the same for `_stream` and `_astream`."""
+
+    def __init__(self, chat: ChatSpecStruct, req: _Request):
+        self.chat, self.req = chat, req
+        self.streamer = ToolCallStreamer() if req.calls else None
+        self.result: Any = None
+        self.truncated: AIMessage | None = None
+        self.seen = self.rest = ""
+
+    def feed(self, chunk: Any) -> ChatGenerationChunk | None:
+        self.result, self.seen = chunk.result or self.result, self.seen + chunk.text
+        text, calls = self.streamer.feed(chunk.text) if self.streamer else (chunk.text, [])
+        if not (text or calls):
+            return None
+        return ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=calls))
+
+    def cut(self, err: IncompleteOutputError) -> None:
+        self.truncated = self.chat._truncated_text(self.req, err)
+        self.rest = err.text[len(self.seen):] if err.text.startswith(self.seen) else ""  # text still held back
+
+    def invalid(self, err: ValidationRetryError) -> None:
+        self.truncated = self.chat._failed_validation(self.req, err)
+
+    def last(self) -> tuple[ChatGenerationChunk, bool]:
+        """The last chunk, and whether callbacks hear of it (not for a cut or failed reply)."""
+        streamer, req = self.streamer, self.req
+        if self.truncated is not None:  # a cut call goes out as its chunk, with the text it had as arguments
+            text, done = streamer.feed(self.rest) if streamer else (self.rest, [])
+            tail, late, cut = streamer.cut_short() if streamer else ("", [], [])
+            last = AIMessageChunk(content=text + tail, tool_call_chunks=done + late + cut, chunk_position="last",
+                                  usage_metadata=self.truncated.usage_metadata,
+                                  response_metadata=self.truncated.response_metadata)
+            return ChatGenerationChunk(message=last), False
+        result = self.result
+        if result is None:
+            raise RuntimeError("specstruct's stream ended without a final result; this is a bug in specstruct.")
+        tail, late = "", []
+        if streamer:
+            tail, late = streamer.finish()
+            if not streamer.calls:  # markers hidden from streamed text (special tokens): parse the tokens
+                content, calls = parse_tool_calls(self.chat._reply_text(req, result))
+                if calls:
+                    tail, late = "", [streamer._chunk(c) for c in calls]
+        last = AIMessageChunk(content=tail, tool_call_chunks=late, usage_metadata=usage_metadata(result.stats),
+                              response_metadata=self.chat._metadata(req, result,
+                                                                    bool(streamer and (streamer.calls or late))),
+                              chunk_position="last")
+        return ChatGenerationChunk(message=last), True

@@ -11,7 +11,7 @@ from langchain_core.language_models.llms import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
 
-from langchain_specstruct._base import SpecStructParams, aiter_in_thread, speculative_metadata, usage_metadata
+from langchain_specstruct._base import SpecStructParams, speculative_metadata, usage_metadata
 
 
 class SpecStructLLM(SpecStructParams, BaseLLM):
@@ -84,14 +84,15 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
         engine, output_type, run_kwargs = self._call_args(stop, kwargs)
-        for chunk in self._iter_stream(engine, prompt, output_type, **run_kwargs):
-            info = self._info(chunk.result) if chunk.result is not None else None
-            if not chunk.text and info is None:
-                continue
-            gen = GenerationChunk(text=chunk.text, generation_info=info)
-            if run_manager:
-                run_manager.on_llm_new_token(gen.text, chunk=gen)
-            yield gen
+        for chunk in engine.stream(prompt, output_type, **run_kwargs):
+            if (gen := self._chunk(chunk)) is not None:
+                if run_manager:
+                    run_manager.on_llm_new_token(gen.text, chunk=gen)
+                yield gen
+
+    def _chunk(self, chunk: Any) -> GenerationChunk | None:
+        info = self._info(chunk.result) if chunk.result is not None else None
+        return None if not chunk.text and info is None else GenerationChunk(text=chunk.text, generation_info=info)
 
     async def _agenerate(
         self,
@@ -115,7 +116,9 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        async for gen in aiter_in_thread(lambda: self._stream(prompt, stop, None, **kwargs)):
-            if run_manager:
-                await run_manager.on_llm_new_token(gen.text, chunk=gen)
-            yield gen
+        engine, output_type, run_kwargs = self._call_args(stop, kwargs)
+        async for chunk in engine.astream(prompt, output_type, **run_kwargs):  # awaited: no thread per call
+            if (gen := self._chunk(chunk)) is not None:
+                if run_manager:
+                    await run_manager.on_llm_new_token(gen.text, chunk=gen)
+                yield gen
