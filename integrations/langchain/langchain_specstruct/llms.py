@@ -9,7 +9,6 @@ from typing import Any, AsyncIterator, Iterator
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.llms import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
-from langchain_core.runnables.config import run_in_executor
 
 from langchain_specstruct._base import SpecStructParams, speculative_metadata, usage_metadata
 
@@ -103,8 +102,14 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
     ) -> LLMResult:
         engine, output_type, run_kwargs = self._call_args(stop, kwargs)
         if self.streaming:
-            sync_manager = run_manager.get_sync() if run_manager else None
-            return await run_in_executor(None, self._generate, prompts, stop, sync_manager, **kwargs)
+            generations: list[list[Generation]] = []
+            for prompt in prompts:
+                text, info = "", {}
+                async for chunk in self._astream(prompt, stop, run_manager, **kwargs):
+                    text += chunk.text
+                    info = chunk.generation_info or info
+                generations.append([Generation(text=text, generation_info=info)])
+            return LLMResult(generations=generations, llm_output={"model_name": self._model_name(engine)})
         results = await asyncio.gather(*(engine.arun(p, output_type, **run_kwargs) for p in prompts))
         generations = [[Generation(text=r.text, generation_info=self._info(r))] for r in results]
         return LLMResult(generations=generations, llm_output={"model_name": self._model_name(engine)})
