@@ -3,7 +3,8 @@
     python -m benchmarks.decode_thread [--repeats 2]
 
 One typed extraction (the Hopper passage) on the real Qwen pair, greedy, prefix cache off, run through
-`engine.decode` directly (no scheduler) in three places, `--repeats` times each, in one process:
+`testing.run_alone` (the batch decoder with one row, no scheduler) in three places, `--repeats` times each, in
+one process:
 
     main               the main thread, which loaded the model and holds its OpenMP pool
     thread, pool kept  a new thread while the main thread's pool is alive (re-created first by a torch op)

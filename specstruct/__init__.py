@@ -17,7 +17,8 @@ _WHERE = {
     **{name: "errors" for name in (
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
-        "MissingExtraError", "OverloadedError", "RequestTimeoutError", "EngineClosedError", "KVMemoryError")},
+        "MissingExtraError", "OverloadedError", "RequestTimeoutError", "RequestCancelledError", "EngineClosedError",
+        "KVMemoryError")},
 }
 _SUBMODULES = {"api", "types", "engine", "spec", "runtime", "constraints", "models", "serving", "cli", "bench",
                "config", "errors", "results", "extras", "testing"}
@@ -45,7 +46,8 @@ if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from specstruct.config import BatchConfig, SpecConfig
     from specstruct.errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError,
                                    InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError,
-                                   PromptTooLongError, OverloadedError, RequestTimeoutError, SpecStructError,
+                                   PromptTooLongError, OverloadedError, RequestCancelledError, RequestTimeoutError,
+                                   SpecStructError,
                                    ValidationRetryError, KVMemoryError)
     from specstruct.models import pull
     from specstruct.types.output import Choice, Code, Grammar, Regex

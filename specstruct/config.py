@@ -156,6 +156,12 @@ class SpecConfig(BaseModel):
         return self.max_candidates.get(mode, DEFAULT_CAPS["json"])
 
 
+def config_hint(unknown: list[str]) -> str:
+    """For a call given keywords it does not name: which of them are SpecConfig keys, and how to pass them."""
+    keys = [k for k in unknown if k in SpecConfig.model_fields]
+    return f"; {keys} are SpecConfig keys: pass config={{{', '.join(f'{k!r}: ...' for k in keys)}}}" if keys else ""
+
+
 def _validated(data: dict[str, Any]) -> SpecConfig:
     try:
         return SpecConfig(**data)

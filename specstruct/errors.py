@@ -74,3 +74,7 @@ class RequestTimeoutError(SpecStructError, TimeoutError):
 
 class EngineClosedError(SpecStructError, RuntimeError):
     """The engine was closed (`engine.close()`, the end of a `with` block, or interpreter exit)."""
+
+
+class RequestCancelledError(SpecStructError, RuntimeError):
+    """The request was cancelled (`cancel()`, or its reader went away) before it wrote an output."""

@@ -11,6 +11,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 from specstruct.api.inputs import RawPrompt
+from specstruct.config import config_hint
 
 
 def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, *, progress: bool = True,
@@ -25,7 +26,7 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
     unknown = sorted(set(kwargs) - call_keywords(engine))
     if unknown:  # before any prompt starts, not once per prompt on the worker threads
         raise TypeError(f"generate_many() got unexpected keyword arguments {unknown}; it takes run()'s: "
-                        f"{', '.join(sorted(call_keywords(engine)))}")
+                        f"{', '.join(sorted(call_keywords(engine)))}{config_hint(unknown)}")
     prompts = list(prompts)
     if not prompts:
         return []

@@ -7,13 +7,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Generator, Iterator, Sequence, TypeVar, overload
+from typing import Any, AsyncIterator, Callable, Generator, Iterator, Sequence, TypeVar, overload
 
 import torch
 
-from specstruct.config import BatchConfig, SpecConfig
+from specstruct.config import BatchConfig, SpecConfig, config_hint
 from specstruct.constraints import Constraint, compile_constraint
 from specstruct.runtime.openmp import release_pool
 from specstruct.engine.core import build as build_engine
@@ -32,6 +35,23 @@ from specstruct.api.tool_replies import ToolReply, reply_spec
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]] | RawPrompt
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_keywords(fn: F) -> F:
+    """run / stream / arun / astream take the decoding keys they name; another SpecConfig key is refused with the
+    call that passes it (`config={...}`), not Python's bare "unexpected keyword argument"."""
+    named = inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        unknown = sorted(k for k in kwargs if k not in named)
+        if unknown:
+            raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {unknown}{config_hint(unknown)}")
+        return fn(*args, **kwargs)
+    return checked  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,13 @@ class SpecStruct:
         self._finalizer = weakref.finalize(self, self.core.close)  # spill files go with the engine, not at exit
         trim_heap()  # loading freed float32 copies (the draft's, before int8) in pieces glibc would keep
         release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
+
+    @property
+    def engine(self) -> Any:
+        """Deprecated name of `speculator` (the model pair, proposers and policy)."""
+        warnings.warn("SpecStruct.engine is now SpecStruct.speculator (its engine is SpecStruct.core)",
+                      DeprecationWarning, stacklevel=2)
+        return self.speculator
 
     @classmethod
     def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,
@@ -168,6 +195,7 @@ class SpecStruct:
         self.prefix_cache.clear()
 
     # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
+    @checked_keywords
     def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
             tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
             temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
@@ -206,10 +234,11 @@ class SpecStruct:
         constraint = self._compile(spec)
         messages = self._messages(call.prompt, spec, call.system)
         attempts: list[dict[str, Any]] = []
+        ending = Ending(self.tokenizer, spec, constraint, cfg)
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
             out = yield self._encode(messages, tools, cfg.max_new_tokens), fork, cfg
-            text = final_text(Ending(self.tokenizer, spec, constraint, cfg), out)
+            text = final_text(ending, out)
             result = Result(value=text, text=text, token_ids=out.token_ids, stats=out.stats,
                             finish_reason=out.finish_reason)
             try:
@@ -257,6 +286,7 @@ class SpecStruct:
         return generate_many(self, prompts, output_type, progress=progress, return_exceptions=return_exceptions,
                              **kwargs)
 
+    @checked_keywords
     def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
                tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
                temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
@@ -290,6 +320,7 @@ class SpecStruct:
 
     # -- asyncio: the same requests, awaited on the loop (no thread per call); a cancelled task, a `timeout=` or
     # an abandoned `astream` cancels its request
+    @checked_keywords
     async def arun(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
                    tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
                    temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
@@ -317,6 +348,7 @@ class SpecStruct:
         """`generate` for asyncio: the validated value."""
         return (await self.arun(prompt, output_type, **kwargs)).value
 
+    @checked_keywords
     async def astream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
                       tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
                       temperature: float | None = None, top_p: float | None = None, seed: int | None = None,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from specstruct.errors import RequestTimeoutError
+from specstruct.errors import RequestCancelledError, RequestTimeoutError
 from specstruct.results import Stats
 
 _END = object()
@@ -131,13 +131,17 @@ class Request:
         """Block until finished; its Output (raises its error, or RequestTimeoutError at `deadline`)."""
         for _ in self.tokens(deadline):
             pass
-        assert self.output is not None  # finished without an error: a row ran
-        return self.output
+        return self._output()
 
     async def aresult(self, deadline: float | None = None) -> Output:
         async for _ in self.atokens(deadline):
             pass
-        assert self.output is not None
+        return self._output()
+
+    def _output(self) -> Output:
+        if self.output is None:  # ended without an error and without a row: cancelled while it waited
+            raise RequestCancelledError("the request was cancelled before it wrote anything (cancel() was called, "
+                                        "or its reader went away); submit it again for a result")
         return self.output
 
     def _timeout(self) -> RequestTimeoutError:

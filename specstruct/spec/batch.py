@@ -203,9 +203,13 @@ class BatchDecoder:
         (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
         chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
         keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
+        shared = [i for i, r in enumerate(decoding) if r.policy is self.speculator.policy]  # not a seeded row's own
+        probed = probe_trimmed(self.speculator.policy,
+                               [(decoding[i].constraint.mode, steps[id(decoding[i])].segments, keep[i]) for i in shared])
+        for i, n in zip(shared, probed):
+            keep[i] = n
         for r, n, chain in zip(decoding, keep, chains):
             s = steps[id(r)]
-            n = probe_trimmed(self.speculator.policy, r.constraint.mode, s.segments, n)
             if n < len(chain):
                 try:
                     fork = r.constraint.fork()

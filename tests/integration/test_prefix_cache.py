@@ -63,12 +63,13 @@ def _prefill(spec, tok, ids, *, cached):
     try:
         while row.prefilling:
             batch.step()
+        last = outputs[-1]  # the last prefill pass's final row: the logits after the last prompt token
         kv = [(k[..., : len(ids), :].clone(), v[..., : len(ids), :].clone()) for k, v in row.kv.views()]
         while len(batch):
             batch.step()
     finally:
         del rt.forward
-    return outputs[-1], kv, row.stats.cached_prompt_tokens
+    return last, kv, row.stats.cached_prompt_tokens
 
 
 @pytest.mark.parametrize("numerics", ["target", "draft-float32", "draft-int8", "draft-int8-torchao"])

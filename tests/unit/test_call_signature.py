@@ -45,3 +45,21 @@ def test_every_call_refuses_an_unknown_keyword_and_takes_a_known_one():
 
     a, b = asyncio.run(both())
     assert a == b
+
+
+def test_a_config_key_given_as_a_keyword_is_refused_with_the_call_that_passes_it():
+    engine = scripted_engine('"ok"')
+    hint = r"\['initial_candidates'\] are SpecConfig keys: pass config=\{'initial_candidates': \.\.\.\}"
+    with pytest.raises(TypeError, match=hint):
+        list(engine.stream("go", str, initial_candidates=4))
+    with pytest.raises(TypeError, match=hint):
+        engine.astream("go", str, initial_candidates=4)
+    with pytest.raises(TypeError, match=hint):
+        engine.generate_many(["a"], str, initial_candidates=4)
+    assert engine.run("go", str, config={"initial_candidates": 4}).text == engine.run("go", str).text
+
+
+def test_the_old_name_of_the_speculator_still_reads_with_a_warning():
+    engine = scripted_engine('"ok"')
+    with pytest.warns(DeprecationWarning, match="SpecStruct.speculator"):
+        assert engine.engine is engine.speculator

@@ -3,6 +3,8 @@ calls are enforced while decoding (token masks) and sped up by grammar-aware spe
 
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
 
@@ -242,7 +244,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         if self.streaming or kwargs.get("stream"):
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
             return generate_from_stream(iter(chunks))
-        req = self._request(messages, stop, kwargs)
+        req = await asyncio.to_thread(self._request, messages, stop, kwargs)  # a first call loads the model
         try:  # awaits the engine's scheduler directly: concurrent calls share its batches
             result = await req.engine.arun(req.prompt, req.output_type, **req.run_kwargs)
         except (IncompleteOutputError, ValidationRetryError) as err:
@@ -257,7 +259,7 @@ class ChatSpecStruct(SpecStructParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_stream` awaited on the event loop: the engine's astream is a request to its scheduler like any other."""
-        req = self._request(messages, stop, kwargs)
+        req = await asyncio.to_thread(self._request, messages, stop, kwargs)  # a first call loads the model
         chunks = _Chunks(self, req)
         try:
             async for chunk in req.engine.astream(req.prompt, req.output_type, **req.run_kwargs):

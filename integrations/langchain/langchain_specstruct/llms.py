@@ -100,7 +100,8 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        engine, output_type, run_kwargs = self._call_args(stop, kwargs)
+        # resolving the engine may load the model (a first call): not on the event loop
+        engine, output_type, run_kwargs = await asyncio.to_thread(self._call_args, stop, kwargs)
         if self.streaming:
             generations: list[list[Generation]] = []
             for prompt in prompts:
@@ -121,7 +122,7 @@ class SpecStructLLM(SpecStructParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        engine, output_type, run_kwargs = self._call_args(stop, kwargs)
+        engine, output_type, run_kwargs = await asyncio.to_thread(self._call_args, stop, kwargs)
         async for chunk in engine.astream(prompt, output_type, **run_kwargs):  # awaited: no thread per call
             if (gen := self._chunk(chunk)) is not None:
                 if run_manager:

@@ -20,7 +20,7 @@ from specstruct.serving.openai.protocol import (ChatCompletionRequest, Completio
 
 @dataclass
 class EngineCall:
-    """A request resolved for `engine.stream(prompt, output_type, tools=..., **kwargs)`."""
+    """A request resolved for `engine.astream(prompt, output_type, tools=..., **kwargs)`."""
 
     prompt: Any
     output_type: Any = None

@@ -11,13 +11,13 @@ from specstruct.testing import run_alone, scripted_engine
 def test_a_request_config_does_not_overwrite_the_shared_policy_config():
     engine = scripted_engine('{"a": 1}')
     shared = engine.speculator.policy
-    before = shared.config
     other = ss.SpecConfig(max_candidates={"json": 1}, initial_candidates=1)
     decode = engine.speculator.row(engine.prompt_ids("go"), engine.constraint({"type": "object"}), other)
     run_alone(decode)
-    assert shared.config is before
+    assert shared.config is engine.config  # what a call without its own config plans with
+    plan = shared.plan("json")  # the request's caps (1) were its own, not the engine's
+    assert plan.k == engine.config.cap("json") == 8 and plan.limits["forced"] == 8
     assert decode._plan().k == 1  # ... while the request itself plans with its own config
-    assert shared.plan("json").k == before.cap("json")
 
 
 def test_per_drafter_stats_count_only_judged_tokens():

@@ -98,3 +98,16 @@ def test_close_waits_for_the_step_under_way(monkeypatch):
     assert not engine.scheduler._thread.is_alive()
     assert engine.cache_info()["entries"] == 0  # the loop did not refill the closed prefix cache after close()
     t.join()
+
+
+def test_a_request_cancelled_while_waiting_names_the_cancel(monkeypatch):
+    engine = warm_engine_with_slow_steps(monkeypatch, 0.3, 4, max_batch_size=1, timeout_ms=0)
+    a = threading.Thread(target=engine.run, args=("A",))
+    a.start()
+    time.sleep(0.1)
+    req = engine.scheduler.submit(engine.prompt_ids("B"), engine.constraint(None).fork(), engine.config)
+    req.cancel()  # still in the queue: it never gets a row
+    with pytest.raises(ss.RequestCancelledError, match="cancelled before it wrote anything"):
+        req.result()
+    a.join()
+    engine.close()
