@@ -201,7 +201,7 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
     import torch
 
     import specstruct as ss
-    from specstruct.config import SpecConfig
+    from specstruct.config import EngineConfig
 
     from specstruct.bench.workloads import extraction_workloads, load_workloads
 
@@ -216,7 +216,8 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
     if "draft-float32" in names:
         from specstruct.models.loading import load
 
-        f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0], SpecConfig(draft_numerics="float32"))
+        f32 = ss.SpecStruct(eng.model, eng.tokenizer, load(draft)[0],
+                            engine_config=EngineConfig(draft_numerics="float32"))
         engines["draft-float32"] = f32
     if "draft-int8-torchao" in names or any(v in names for v in ONEDNN):
         from specstruct.runtime import fixed_linear
@@ -225,7 +226,8 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
 
         if "draft-int8-torchao" in names:  # given already quantized: the engine keeps it as is
             ao = quantize_draft(load(draft)[0], torchao=True)
-            engines["draft-int8-torchao"] = ss.SpecStruct(eng.model, eng.tokenizer, ao, SpecConfig(draft_numerics="float32"))
+            engines["draft-int8-torchao"] = ss.SpecStruct(eng.model, eng.tokenizer, ao,
+                                                          engine_config=EngineConfig(draft_numerics="float32"))
         if any(v in names for v in ONEDNN):
             with fixed_linear.using("onednn"):  # read when the engine packs its weights
                 other = ss.SpecStruct(load(model)[0], eng.tokenizer, load(draft)[0])

@@ -69,7 +69,7 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
 
 def main() -> None:
     import specstruct as ss
-    from specstruct.config import SpecConfig
+    from specstruct.config import EngineConfig
 
     from specstruct.bench.workloads import extraction_workloads
 
@@ -86,7 +86,7 @@ def main() -> None:
     numerics, limit = args.numerics, args.limit
     torch.set_num_threads(2)
     eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
-                                        config=SpecConfig(draft_numerics=numerics))
+                                        engine_config=EngineConfig(draft_numerics=numerics))
     total = collections.Counter()
     for w in extraction_workloads(limit):
         total.update(analyse(eng, w))

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     import specstruct as ss
-    from specstruct.config import SpecConfig
+    from specstruct.config import EngineConfig
 
     from specstruct.bench.workloads import extraction_workloads
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
-                                        config=SpecConfig(prefix_cache_bytes=0))
+                                        engine_config=EngineConfig(prefix_cache_bytes=0))
     runtime = eng.speculator.drafters["model"].runtime
     calls = collections.Counter()
     inner = runtime.forward

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "SpecStruct": "api.specstruct", "SpecConfig": "config", "BatchConfig": "config", "Result": "results",
+    "SpecStruct": "api.specstruct", "SpecConfig": "config", "EngineConfig": "config", "BatchConfig": "config", "Result": "results",
     "Stats": "results", "DrafterStats": "results", "Chunk": "results", "Regex": "types.output",
     "Choice": "types.output", "Grammar": "types.output", "Code": "types.output", "pull": "models",
     "ToolReply": "api.tool_replies", "RawPrompt": "api.inputs",
@@ -43,7 +43,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from specstruct.api.specstruct import SpecStruct
-    from specstruct.config import BatchConfig, SpecConfig
+    from specstruct.config import BatchConfig, EngineConfig, SpecConfig
     from specstruct.errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError,
                                    InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError,
                                    PromptTooLongError, OverloadedError, RequestCancelledError, RequestTimeoutError,

@@ -1,8 +1,15 @@
-"""SpecConfig: the decoding and speculation settings, with the key names speculative deployments use."""
+"""The settings, split by when they are read.
+
+- EngineConfig: what an engine is built with, read once when the models load (weights, device, the draft's
+  numerics, KV memory budgets). A call cannot change them.
+- SpecConfig: what a call asks for (decoding, speculation, retries, prefix-cache use). An engine keeps one as every
+  call's default; a call's `config=` and keywords are merged over it (`for_call`).
+- BatchConfig: how an engine's scheduler batches concurrent requests.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -29,14 +36,61 @@ DEFAULT_CAPS = {"json": 8, "regex": 8, "choice": 8, "grammar": 8, "code": 8, "te
 MAX_CAP = 64  # a row's pass then stays well inside the measured row-invariance range (300 rows)
 
 
-# Keys a call's config cannot change: they are read once, when the engine is built.
-ENGINE_KEYS = ("draft_model_path", "draft_numerics", "prefix_cache_bytes", "kv_memory", "device", "dtype", "weights")
-
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (vLLM's rule)
 
 
+class EngineConfig(BaseModel):
+    """What an engine is built with: read once, when the models load, never per call.
+
+    >>> SpecStruct.from_pretrained("qwen2.5-coder-1.5b", engine_config=EngineConfig(weights="float32"))
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    draft_model_path: str | None = None  # from_pretrained's draft when none is passed
+    # The draft's numerics never change the output (the target verifies every token), only its speed.
+    draft_numerics: Literal["int8", "float32"] = "int8"
+    # placement, read by from_pretrained
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    # "auto": GGUF files and pulled registry models keep their quantized blocks (CPU); others load as they ship.
+    # "gguf" insists on the blocks, "q8_0" rounds float weights to Q8_0 on load, "float32" widens everything.
+    weights: Literal["auto", "gguf", "q8_0", "float32"] = "auto"
+    # KV memory: the prefix cache's resident budget (0 disables it) and the tiers below and beside it
+    prefix_cache_bytes: int = Field(1 * GiB, ge=0)
+    kv_memory: KVMemory = Field(default_factory=KVMemory)
+
+    @classmethod
+    def of(cls, value: "EngineConfig | dict[str, Any] | None") -> "EngineConfig":
+        """An EngineConfig from itself, a dict of its keys (InvalidParameterError naming a bad one) or None."""
+        if isinstance(value, EngineConfig):
+            return value
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"engine_config= takes an EngineConfig or a dict of its keys, got {type(value).__name__}")
+        return _validated(EngineConfig, value or {}, "engine")
+
+
+ENGINE_KEYS = frozenset(EngineConfig.model_fields)
+
+
+def engine_key_error(keys: list[str]) -> str:
+    return (f"{keys} shape the engine itself (its models, caches and memory), not one call: pass them when building "
+            f"it, as engine_config=EngineConfig({', '.join(f'{k}=...' for k in keys)}) to SpecStruct or "
+            "from_pretrained")
+
+
+def split_params(params: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A flat dict of keys (from_pretrained's decoding_params, a Ray deployment's config): (EngineConfig's,
+    SpecConfig's)."""
+    params = params or {}
+    return ({k: v for k, v in params.items() if k in ENGINE_KEYS},
+            {k: v for k, v in params.items() if k not in ENGINE_KEYS})
+
+
 class SpecConfig(BaseModel):
-    """Settings for one engine or one call. Unknown keys are an error, so a typo never goes unnoticed.
+    """What a call asks for: decoding, speculation, retries, prefix-cache use. An engine keeps one as its calls'
+    default. Unknown keys are an error, so a typo never goes unnoticed; EngineConfig's keys are refused with the
+    call that sets them.
 
     >>> SpecConfig(enable_speculative=False, max_new_tokens=64)
     """
@@ -45,7 +99,6 @@ class SpecConfig(BaseModel):
 
     # speculation
     enable_speculative: bool = True
-    draft_model_path: str | None = None
     initial_candidates: int = Field(3, ge=1, le=16)  # 0 never grew; enable_speculative=False turns it off
     adaptive_threshold: float = Field(0.7, gt=0.0, lt=1.0)
     # per output mode; the modes given replace their defaults, the others keep them ({"json": 16} leaves text at 2)
@@ -53,8 +106,6 @@ class SpecConfig(BaseModel):
     use_forced_text: bool = True
     use_prompt_lookup: bool = True
     use_draft_model: bool = True
-    # The draft's numerics never change the output (the target verifies every token), only its speed.
-    draft_numerics: Literal["int8", "float32"] = "int8"
     # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.
     draft_arbitration: bool = True
     # Stop a row's draft after a token the draft model gives less than this probability under the mask (0: never).
@@ -73,20 +124,19 @@ class SpecConfig(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: list[str] = Field(default_factory=list)  # one string is taken as a list of one (as OpenAI and HF do)
 
-    # KV memory: reuse of cached prompt prefixes (engine-wide budget; 0 disables) and per-tier budgets
-    prefix_cache_bytes: int = Field(1 * GiB, ge=0)
-    kv_memory: KVMemory = Field(default_factory=KVMemory)
-    use_prefix_cache: bool = True  # per call: False prefills cold and caches nothing
-    cache_salt: str | None = None  # per call: requests share cached prefixes only with the same salt (tenant)
-
-    # placement (read by from_pretrained, which loads the models; engine-wide)
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    # "auto": GGUF files and pulled registry models keep their quantized blocks (CPU); others load as they ship.
-    # "gguf" insists on the blocks, "q8_0" rounds float weights to Q8_0 on load, "float32" widens everything.
-    weights: Literal["auto", "gguf", "q8_0", "float32"] = "auto"
+    # prompt prefixes: False prefills cold and caches nothing; requests share cached prefixes only with the same salt
+    use_prefix_cache: bool = True
+    cache_salt: str | None = None
 
     _given_caps: frozenset[str] | None = PrivateAttr(default=None)  # the modes max_candidates was given
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_engine_keys(cls, data: Any) -> Any:
+        engine = sorted(ENGINE_KEYS & set(data)) if isinstance(data, dict) else []
+        if engine:
+            raise ValueError(engine_key_error(engine))
+        return data
 
     @model_validator(mode="wrap")
     @classmethod
@@ -136,20 +186,17 @@ class SpecConfig(BaseModel):
         else:
             raise TypeError(f"config= takes a SpecConfig or a dict of its keys, got {type(config).__name__}")
         keys = {**given, **{k: v for k, v in overrides.items() if v is not None}}
+        engine = sorted(ENGINE_KEYS & set(keys))
+        if engine:
+            raise InvalidParameterError(engine_key_error(engine))
         if isinstance(keys.get("max_candidates"), dict):
             keys["max_candidates"] = {**self.max_candidates, **keys["max_candidates"]}
-        call = _validated({**self.model_dump(), **keys})
-        # an engine key the call sets to another value would be silently ignored
-        differs = sorted(k for k in ENGINE_KEYS if k in keys and getattr(call, k) != getattr(self, k))
-        if differs:
-            raise InvalidParameterError(f"{differs} apply to the whole engine (its models, caches and memory), "
-                                        "not to one call: set them when building the engine")
-        return call
+        return _validated(SpecConfig, {**self.model_dump(), **keys})
 
     def merged(self, **overrides: Any) -> "SpecConfig":
         """A copy with the given keys replaced (None values are ignored). A bad value raises
         InvalidParameterError naming the key and the allowed range."""
-        return _validated({**self.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+        return _validated(SpecConfig, {**self.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
 
     def cap(self, mode: str) -> int:
         """Largest number of draft candidates per step for an output mode."""
@@ -159,16 +206,21 @@ class SpecConfig(BaseModel):
 def config_hint(unknown: list[str]) -> str:
     """For a call given keywords it does not name: which of them are SpecConfig keys, and how to pass them."""
     keys = [k for k in unknown if k in SpecConfig.model_fields]
-    return f"; {keys} are SpecConfig keys: pass config={{{', '.join(f'{k!r}: ...' for k in keys)}}}" if keys else ""
+    engine = [k for k in unknown if k in ENGINE_KEYS]
+    hint = f"; {keys} are SpecConfig keys: pass config={{{', '.join(f'{k!r}: ...' for k in keys)}}}" if keys else ""
+    return hint + (f"; {engine_key_error(engine)}" if engine else "")
 
 
-def _validated(data: dict[str, Any]) -> SpecConfig:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], data: dict[str, Any], what: str = "decoding") -> M:
     try:
-        return SpecConfig(**data)
+        return model(**data)
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}={e.get('input')!r}: {e['msg']}"
                              for e in err.errors())
-        raise InvalidParameterError(f"invalid decoding parameter: {problems}") from None
+        raise InvalidParameterError(f"invalid {what} parameter: {problems}") from None
 
 
 class BatchConfig(BaseModel):

@@ -40,7 +40,7 @@ class MissingExtraError(SpecStructError, ImportError):
 
 
 class KVMemoryError(SpecStructError, ValueError):
-    """A request's KV cache could never fit in SpecConfig.kv_memory.active_bytes: refused before it starts."""
+    """A request's KV cache could never fit in EngineConfig.kv_memory.active_bytes: refused before it starts."""
 
 
 class IncompleteOutputError(SpecStructError):

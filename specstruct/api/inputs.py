@@ -131,14 +131,14 @@ def check_models(model: Any, draft_model: Any) -> None:
 
 
 def resolve_device(device: str) -> str:
-    """SpecConfig.device as from_pretrained loads to: "auto" is CUDA when torch sees one, else the CPU; asking for
+    """EngineConfig.device as from_pretrained loads to: "auto" is CUDA when torch sees one, else the CPU; asking for
     CUDA where there is none is an InvalidParameterError, not torch's assertion."""
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidParameterError(f"SpecConfig.device={device!r}, but this torch sees no CUDA device: use 'cpu' "
+        raise InvalidParameterError(f"EngineConfig.device={device!r}, but this torch sees no CUDA device: use 'cpu' "
                                     "or 'auto'")
     return device
 

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable, Generator, Iterator, Sequence, 
 
 import torch
 
-from specstruct.config import BatchConfig, SpecConfig, config_hint
+from specstruct.config import BatchConfig, EngineConfig, SpecConfig, config_hint, split_params
 from specstruct.constraints import Constraint, compile_constraint
 from specstruct.runtime.openmp import release_pool
 from specstruct.engine.core import build as build_engine
@@ -73,10 +73,12 @@ class SpecStruct:
 
     def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
                  draft_tokenizer=None, model_name: str | None = None,
+                 engine_config: EngineConfig | dict[str, Any] | None = None,
                  batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None,
                  target: Runtime | None = None):
         check_models(model, draft_model)
-        self.config = config or SpecConfig()
+        self.config = config or SpecConfig()  # every call's default (a call's config= and keywords go over it)
+        self.engine_config = EngineConfig.of(engine_config)
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         if draft_model is not None:
@@ -86,8 +88,8 @@ class SpecStruct:
         self.eos_token_ids = eos_token_ids(tokenizer, model)
         self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
         # one thread owns the models; every call is a request to its scheduler (`decoder`, `target`: test doubles)
-        self.core = build_engine(model, tokenizer, self.eos_token_ids, draft_model, self.config, self.batch_config,
-                                 decoder=decoder, target=target)
+        self.core = build_engine(model, tokenizer, self.eos_token_ids, draft_model, self.config, self.engine_config,
+                                 self.batch_config, decoder=decoder, target=target)
         self.speculator, self.scheduler = self.core.speculator, self.core.scheduler
         self.runtime, self.draft_model, self.numerics = self.speculator.target, self.core.draft_model, self.core.numerics
         self.prefix_cache, self.kv_store = self.core.prefix_cache, self.core.kv_store
@@ -104,23 +106,28 @@ class SpecStruct:
 
     @classmethod
     def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,
+                        engine_config: EngineConfig | dict[str, Any] | None = None,
                         decoding_params: dict[str, Any] | None = None,
                         batch_config: BatchConfig | dict[str, Any] | None = None) -> "SpecStruct":
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
-        model with the same vocabulary. `decoding_params` takes the same keys as SpecConfig, `batch_config` the
-        keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue)."""
+        model with the same vocabulary. `config` is every call's default SpecConfig, `engine_config` what the engine
+        is built with (weights, device, dtype, draft numerics, KV memory); `decoding_params` is a flat dict of keys
+        of either (over both), `batch_config` the keys of BatchConfig (max_batch_size, timeout_ms, max_queue)."""
         from specstruct.runtime.gguf_model import load_model
 
-        config = (config or SpecConfig()).merged(**(decoding_params or {}))  # both: decoding_params win
-        device = resolve_device(config.device)
-        dtype = getattr(torch, config.dtype) if config.dtype != "auto" else torch.float32
-        target, tokenizer = load_model(model, weights=config.weights, device=device, dtype=dtype)
-        draft = draft or config.draft_model_path
+        engine_keys, call_keys = split_params(decoding_params)
+        config = (config or SpecConfig()).merged(**call_keys)
+        built = EngineConfig.of(engine_config)
+        built = EngineConfig.of({**built.model_dump(), **engine_keys}) if engine_keys else built
+        device = resolve_device(built.device)
+        dtype = getattr(torch, built.dtype) if built.dtype != "auto" else torch.float32
+        target, tokenizer = load_model(model, weights=built.weights, device=device, dtype=dtype)
+        draft = draft or built.draft_model_path
         draft_model = draft_tok = None
         if draft:
-            draft_model, draft_tok = load_model(draft, weights=config.weights, device=device, dtype=dtype)
+            draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
-                     batch_config=batch_config)
+                     engine_config=built, batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
         collect_and_trim()       # cycle) now, and give its heap back to the system (bench.load_memory)
         return engine

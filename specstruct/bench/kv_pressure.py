@@ -38,9 +38,9 @@ def _engine(args: argparse.Namespace, directory: str) -> tuple[Any, list[Any]]:
         target, tok = load(args.model)
         draft, name = (load(args.draft)[0] if args.draft else None), args.model
     work = (extraction_workloads(args.requests) * args.requests)[: args.requests]
-    config = ss.SpecConfig(max_new_tokens=args.max_new_tokens, max_retries=0, use_prefix_cache=False,
-                           kv_memory=ss.config.KVMemory(disk_bytes=4 << 30, directory=directory))
-    engine = ss.SpecStruct(target, tok, draft_model=draft, config=config, model_name=name,
+    config = ss.SpecConfig(max_new_tokens=args.max_new_tokens, max_retries=0, use_prefix_cache=False)
+    built = ss.EngineConfig(kv_memory=ss.config.KVMemory(disk_bytes=4 << 30, directory=directory))
+    engine = ss.SpecStruct(target, tok, draft_model=draft, config=config, engine_config=built, model_name=name,
                            batch_config={"max_batch_size": max(8, args.requests)})
     prompts = [len(engine.prompt_ids(w.messages, w.output_type)) for w in work]
     budget = engine.scheduler.preemption.budget  # the active tier's budget the scheduler preempts against

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specstruct.config import BatchConfig, SpecConfig
+from specstruct.config import BatchConfig, EngineConfig, SpecConfig
 from specstruct.engine.preempt import Preemption
 from specstruct.engine.scheduler import DecoderFactory, Scheduler
 from specstruct.runtime.kv.memory import KVBudget, build as build_kv_tiers, close_all
@@ -50,20 +50,21 @@ class Engine:
 
 
 def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], draft_model: torch.nn.Module | None,
-          config: SpecConfig, batch_config: BatchConfig, *, decoder: DecoderFactory | None = None,
-          target: Runtime[Any] | None = None) -> Engine:
-    """An engine over `model` (and `draft_model`, whose vocabulary must already match). `decoder` replaces the
+          config: SpecConfig, engine_config: EngineConfig, batch_config: BatchConfig, *,
+          decoder: DecoderFactory | None = None, target: Runtime[Any] | None = None) -> Engine:
+    """An engine over `model` (and `draft_model`, whose vocabulary must already match), built with `engine_config`;
+    `config` is what the shared policy plans a call with when the call brings none. `decoder` replaces the
     scheduler's row decoder and `target` the target's runtime (test doubles: testing.scripted_engine)."""
     device = next(model.parameters()).device
     runtime: Runtime[Any] = target or ModelRuntime(model)
     draft_rt = None
     if draft_model is not None:
-        if config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
+        if engine_config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
                 and not is_quantized(draft_model):  # a quantized draft computes as it ships
             draft_model = quantize_draft(draft_model)
         draft_rt = ModelRuntime(draft_model)
-    prefix_cache, kv_store = build_kv_tiers(config.prefix_cache_bytes, config.kv_memory, device)
-    budget = KVBudget(config.kv_memory.active_bytes, model, draft_model)
+    prefix_cache, kv_store = build_kv_tiers(engine_config.prefix_cache_bytes, engine_config.kv_memory, device)
+    budget = KVBudget(engine_config.kv_memory.active_bytes, model, draft_model)
     speculator = Speculator(runtime, tokenizer, eos_token_ids, draft=draft_rt, config=config,
                             prefix_cache=prefix_cache)
     # past kv_memory.active_bytes (all running rows) the newest rows pause, their KV spilled to kv_store

@@ -14,7 +14,7 @@ import specstruct as ss
 from specstruct.runtime.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
 from specstruct.runtime.kv.layers import span
 from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
-from specstruct.config import SpecConfig
+from specstruct.config import SpecConfig, split_params
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.compiler import compile_constraint
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
@@ -98,8 +98,9 @@ def test_cached_prefill_equals_cold_prefill_bitwise(tok, target, close_draft, se
     assert _same_kv(kv, cold_kv)
 
 
-def _engine(tok, target, close_draft, **cfg):
-    return ss.SpecStruct(target, tok, draft_model=close_draft, config=ss.SpecConfig(**cfg))
+def _engine(tok, target, close_draft, **keys):
+    built, call = split_params(keys)
+    return ss.SpecStruct(target, tok, draft_model=close_draft, config=ss.SpecConfig(**call), engine_config=built)
 
 
 def _runs(engine, passages, output_type=PERSON, **kw):

@@ -287,7 +287,8 @@ def test_a_request_whose_kv_can_never_fit_is_a_400():
 
     tok = tiny_tokenizer()
     engine = ss.SpecStruct(tiny_model(tok, seed=0), tok, model_name=MODEL,
-                           config=ss.SpecConfig(max_new_tokens=40, kv_memory={"active_bytes": 500_000}))
+                           config=ss.SpecConfig(max_new_tokens=40),
+                           engine_config={"kv_memory": {"active_bytes": 500_000}})
     app = create_app(engine, served_model_name=MODEL, api_key=KEY, limits=ServerLimits(max_tokens_cap=4000))
     with running(app) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}) as c:
         expect(post(c, {"max_tokens": 2000}), 400, param="messages", code="context_length_exceeded")

@@ -35,12 +35,11 @@ def test_options_that_would_be_silently_ignored_are_refused(tok):
     with pytest.raises(ValueError):
         ss.SpecConfig(initial_candidates=0)  # never grew: speculation silently off
     with pytest.raises(ValueError):
-        ss.SpecConfig(device="gpu")
-    with ss.SpecStruct(tiny_model(tok), tok, config=ss.SpecConfig(prefix_cache_bytes=0)) as e:
+        ss.EngineConfig(device="gpu")
+    with ss.SpecStruct(tiny_model(tok), tok, engine_config=ss.EngineConfig(prefix_cache_bytes=0)) as e:
         assert e.run("x", config=ss.SpecConfig(max_new_tokens=2)).stats.new_tokens <= 2  # defaults are fine
-        for per_call in ({"prefix_cache_bytes": 5}, {"kv_memory": {"active_bytes": 1}},
-                         ss.SpecConfig(draft_numerics="float32")):
-            with pytest.raises(ss.InvalidParameterError, match="whole engine"):
+        for per_call in ({"prefix_cache_bytes": 5}, {"kv_memory": {"active_bytes": 1}}):
+            with pytest.raises(ss.InvalidParameterError, match=r"engine_config=EngineConfig\("):
                 e.run("x", config=per_call)
         assert e.run("x", timeout=float("inf"), max_new_tokens=2).text is not None  # was OverflowError
 
@@ -49,12 +48,12 @@ def test_a_kv_directory_that_cannot_hold_files_is_refused_when_the_engine_is_bui
     afile = tmp_path / "afile"
     afile.write_text("x")
     with pytest.raises(ss.InvalidParameterError, match="kv_memory.directory"):
-        ss.SpecStruct(tiny_model(tok), tok, config=ss.SpecConfig(kv_memory={"directory": str(afile)}))
+        ss.SpecStruct(tiny_model(tok), tok, engine_config={"kv_memory": {"directory": str(afile)}})
 
 
 def test_close_removes_the_engines_spill_files(tok, tmp_path):
-    cfg = ss.SpecConfig(prefix_cache_bytes=1, kv_memory={"directory": str(tmp_path)}, max_new_tokens=4)
-    e = ss.SpecStruct(tiny_model(tok), tok, config=cfg)
+    built = ss.EngineConfig(prefix_cache_bytes=1, kv_memory={"directory": str(tmp_path)})
+    e = ss.SpecStruct(tiny_model(tok), tok, config=ss.SpecConfig(max_new_tokens=4), engine_config=built)
     e.run("a prompt long enough to be cached " * 4)
     e.run("a prompt long enough to be cached " * 4)
     assert list(tmp_path.rglob("*.safetensors"))  # the prefix went to the disk tier
@@ -88,20 +87,22 @@ def test_a_draft_that_differs_only_in_padding_rows_is_used_and_stays_lossless(to
 
 
 def test_a_per_call_specconfig_sets_only_its_own_keys_and_engine_keys_are_refused_everywhere():
-    """`config=SpecConfig(temperature=0)` used to reset every other key to SpecConfig's defaults (512 tokens,
-    speculation back on), unlike the same keys as a dict; stream() took engine keys as keywords silently."""
+    """`config=SpecConfig(temperature=0)` sets temperature only (not every other key back to SpecConfig's
+    defaults), as the same keys in a dict do; an EngineConfig key is refused, in a call's config or as a keyword,
+    with the EngineConfig that sets it."""
     from specstruct.testing import scripted_engine
 
     engine = scripted_engine("hello there, friend", max_new_tokens=3, enable_speculative=False)
     for config in ({"temperature": 0}, ss.SpecConfig(temperature=0)):
         result = engine.run("x", config=config)
         assert len(result.token_ids) == 3 and result.stats.drafted == 0
-    for call in (lambda: engine.run("x", config=ss.SpecConfig(dtype="bfloat16")),
-                 lambda: list(engine.stream("x", config={"dtype": "bfloat16"})),
+    for call in (lambda: list(engine.stream("x", config={"dtype": "bfloat16"})),
                  lambda: list(engine.stream("x", config={"prefix_cache_bytes": 0}))):
-        with pytest.raises(ss.InvalidParameterError, match="apply to the whole engine"):
+        with pytest.raises(ss.InvalidParameterError, match=r"engine_config=EngineConfig\((dtype|prefix_cache_bytes)="):
             call()
-    with pytest.raises(TypeError, match="dtype"):  # not a keyword of any call (run's signature is stream's)
+    with pytest.raises(ValueError, match=r"engine_config=EngineConfig\(dtype=\.\.\.\)"):
+        ss.SpecConfig(dtype="bfloat16")
+    with pytest.raises(TypeError, match=r"EngineConfig\(dtype=\.\.\.\)"):  # not a keyword of any call
         list(engine.stream("x", dtype="bfloat16"))
 
 

@@ -38,8 +38,8 @@ def get_engine(key: EngineKey) -> Any:
         if engine is None:
             import specstruct as ss
 
-            config = ss.SpecConfig(device=key.device, dtype=key.dtype)
-            engine = ss.SpecStruct.from_pretrained(key.model, draft=key.draft, config=config)
+            built = ss.EngineConfig(device=key.device, dtype=key.dtype)
+            engine = ss.SpecStruct.from_pretrained(key.model, draft=key.draft, engine_config=built)
             with _GUARD:
                 _ENGINES[key] = engine
                 _LOADING.pop(key, None)

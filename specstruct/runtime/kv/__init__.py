@@ -6,7 +6,7 @@
     pinned        GPU -> pinned host memory on a side CUDA stream
     prefix_cache  the prefix cache: lookup / insert / prefetch across tiers, per namespace (model, numerics, salt)
     store         spill / restore of whole sequences (for preemption by the scheduler)
-    memory        building the tiers from SpecConfig, and the active-tier budget (all running requests)
+    memory        building the tiers from EngineConfig, and the active-tier budget (all running requests)
 """
 
 from specstruct.runtime.kv.layers import KVLayers, SeqKV, bytes_per_token

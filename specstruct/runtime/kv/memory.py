@@ -92,7 +92,7 @@ class KVBudget:
                 f"this request alone needs up to {_size(need)} of KV ({prompt_tokens} prompt + {max_new_tokens} "
                 f"new tokens at {_size(self.per_token)} per token, target and draft), over "
                 f"kv_memory.active_bytes={_size(self.active_bytes)}: shorten the prompt, lower "
-                "max_new_tokens, or raise SpecConfig.kv_memory.active_bytes")
+                "max_new_tokens, or raise EngineConfig.kv_memory.active_bytes")
 
 
 def extra_headroom(config: Any, mode: str | None = None) -> int:

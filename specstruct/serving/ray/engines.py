@@ -2,8 +2,8 @@
 
 A Ray actor or Serve replica is started from a pickled description, so the engine is described by a *factory*: a
 picklable callable that returns a SpecStruct. `Pretrained` is the one users need (a model name, folder or hub id, an
-optional draft and SpecConfig keys); any other module-level function or class instance returning a SpecStruct works
-too (tests pass one that builds tiny offline models)."""
+optional draft, and keys of SpecConfig or EngineConfig in one dict); any other module-level function or class
+instance returning a SpecStruct works too (tests pass one that builds tiny offline models)."""
 
 from __future__ import annotations
 

@@ -190,7 +190,8 @@ def extract(dataset: Any, output_type: Any, *, model: str | Callable[[], Any], d
     dataset      a ray.data.Dataset (or a list of strings / dicts, made into one) with a text column
     output_type  what `SpecStruct.run` takes: a Pydantic model, a JSON schema dict, Regex, Choice, ...
     model        registry name, folder or hub id (loaded on every actor), or a picklable engine factory
-    draft, config  the draft model and SpecConfig keys (e.g. {"max_new_tokens": 256}) when model is a name
+    draft, config  the draft model, and keys of SpecConfig or EngineConfig (e.g. {"max_new_tokens": 256}) when
+                 model is a name
     prompt       the user message: every "{text}" is replaced by the row's text; or a callable text -> prompt
     system       an extra system message (the schema instruction is added by the engine)
     actors       engines in the pool: N, or (min, max) to autoscale

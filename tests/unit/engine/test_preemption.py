@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import specstruct as ss
-from specstruct.config import KVMemory, SpecConfig
+from specstruct.config import EngineConfig, KVMemory, SpecConfig
 from specstruct.spec.batch import BatchDecoder
 from specstruct.spec.speculator import Speculator
 from specstruct.runtime.kv import KVLostWarning
@@ -48,7 +48,7 @@ def _engine(tok, target, draft, tmp_path, *, slack: int = 10, decoder=None, **me
     tokens = max(sum(n + budget.headroom for n in prompts) + slack,
                  max(n + m + budget.headroom for n, (_, _, m) in zip(prompts, JOBS)))
     memory = {"active_bytes": tokens * budget.per_token, "directory": str(tmp_path), **memory}
-    return ss.SpecStruct(target, tok, draft_model=draft, config=SpecConfig(kv_memory=KVMemory(**memory)),
+    return ss.SpecStruct(target, tok, draft_model=draft, engine_config=EngineConfig(kv_memory=KVMemory(**memory)),
                          batch_config={"timeout_ms": 300, "max_batch_size": len(JOBS)}, decoder=decoder)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import specstruct as ss
-from specstruct.config import KVMemory, SpecConfig
+from specstruct.config import EngineConfig, KVMemory, SpecConfig
 from specstruct.runtime.kv import KVLostWarning, KVStore, PrefixCache, SeqKV
 from specstruct.runtime.kv.memory import DEFAULT_HEADROOM, KVBudget, extra_headroom
 from specstruct.runtime.kv.tiers import DiskTier, MemoryTier
@@ -68,7 +68,7 @@ def _engine(tok, target, draft, tmp_path, **memory) -> ss.SpecStruct:
     tokens = max(sum(n + budget.headroom for n in prompts) + 10,
                  max(n + m + budget.headroom for n, (_, _, m) in zip(prompts, JOBS)))
     memory = {"active_bytes": tokens * budget.per_token, "directory": str(tmp_path), **memory}
-    return ss.SpecStruct(target, tok, draft_model=draft, config=SpecConfig(kv_memory=KVMemory(**memory)),
+    return ss.SpecStruct(target, tok, draft_model=draft, engine_config=EngineConfig(kv_memory=KVMemory(**memory)),
                          batch_config={"timeout_ms": 300, "max_batch_size": len(JOBS)})
 
 
@@ -81,7 +81,7 @@ def _submit(e: ss.SpecStruct, job):
 @pytest.fixture(scope="module")
 def alone(tok, target, close_draft):
     """Each job's greedy output run alone, without memory pressure (the reference for every test here)."""
-    e = ss.SpecStruct(target, tok, draft_model=close_draft, config=SpecConfig(kv_memory=KVMemory(active_bytes=None)),
+    e = ss.SpecStruct(target, tok, draft_model=close_draft, engine_config=EngineConfig(kv_memory=KVMemory(active_bytes=None)),
                       batch_config={"timeout_ms": 0})
     try:
         return [_submit(e, job).result(_deadline()).token_ids for job in JOBS]
@@ -184,7 +184,7 @@ def test_requests_are_unaffected_when_the_prefix_cache_disk_fails(tok, target, c
 
     def build(directory):
         e = ss.SpecStruct(target, tok, draft_model=close_draft,
-                          config=SpecConfig(prefix_cache_bytes=20_000, kv_memory=KVMemory(directory=str(directory))),
+                          engine_config=EngineConfig(prefix_cache_bytes=20_000, kv_memory=KVMemory(directory=str(directory))),
                           batch_config={"max_batch_size": 1, "timeout_ms": 0})
         engines.append(e)
         return e

@@ -122,8 +122,8 @@ def test_construction_is_lazy_and_engines_are_shared(monkeypatch, engine):
 
     loads = []
 
-    def fake_from_pretrained(model, draft=None, config=None):
-        loads.append((model, draft, config.device, config.dtype))
+    def fake_from_pretrained(model, draft=None, engine_config=None):
+        loads.append((model, draft, engine_config.device, engine_config.dtype))
         return engine
 
     monkeypatch.setattr(ss.SpecStruct, "from_pretrained", staticmethod(fake_from_pretrained))
@@ -163,7 +163,7 @@ def test_per_call_model_override_loads_that_model(monkeypatch, engine):
 
     loads = []
 
-    def fake_from_pretrained(model, draft=None, config=None):
+    def fake_from_pretrained(model, draft=None, engine_config=None):
         loads.append((model, draft))
         return engine
 

@@ -20,7 +20,7 @@ def slow_load(monkeypatch):
 
     started, release, calls = threading.Event(), threading.Event(), []
 
-    def from_pretrained(model, draft=None, config=None):
+    def from_pretrained(model, draft=None, engine_config=None):
         calls.append(model)
         started.set()
         release.wait(10)
