@@ -46,9 +46,9 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
             futures = [pool.submit(one, p) for p in prompts]
             if not return_exceptions:
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                failed = next((f for f in futures if f in finished and f.exception() is not None), None)
-                if failed is not None:
-                    raise failed.exception()
+                error = next((e for f in futures if f in finished and (e := f.exception()) is not None), None)
+                if error is not None:
+                    raise error
             wait(futures)
     except BaseException:  # the first failure, or Ctrl-C: start no more prompts (those running finish)
         pool.shutdown(wait=False, cancel_futures=True)

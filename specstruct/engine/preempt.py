@@ -42,17 +42,19 @@ class Preemption:
 
     def fits(self, running: Sequence[int], tokens: int) -> bool:
         """May a row holding `tokens` join rows holding `running` tokens each?"""
-        if not self.enabled or not running:
+        limit = self.budget.active_bytes
+        if not limit or not running:
             return True  # alone, a request always fits: KVBudget.check refused it before it started otherwise
-        return sum(map(self.budget.need, running)) + self.budget.need(tokens) <= self.budget.active_bytes
+        return sum(map(self.budget.need, running)) + self.budget.need(tokens) <= limit
 
     def victims(self, running: Sequence[Any]) -> list[Any]:
         """The rows to pause, most recently admitted first (`running` is in admission order); never the first."""
-        if not self.enabled:
+        limit = self.budget.active_bytes
+        if not limit:
             return []
         total, out = sum(self.budget.need(held(r)) for r in running), []
         for row in reversed(running[1:]):
-            if total <= self.budget.active_bytes:
+            if total <= limit:
                 break
             out.append(row)
             total -= self.budget.need(held(row))

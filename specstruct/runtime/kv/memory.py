@@ -111,5 +111,6 @@ def _size(n: int) -> str:
 def _kv_dtype(model: Any) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
-            return p.dtype
+            dtype: torch.dtype = p.dtype
+            return dtype
     return torch.float32
