@@ -2,11 +2,14 @@
 
     python -m benchmarks.blockq_ab --commit HEAD~1 [--format Q4_K] [--repeats 30]
     python -m benchmarks.blockq_ab --source /path/to/blockq_linear.cpp
+    python -m benchmarks.blockq_ab --march x86-64-v3 [--scalar]
 
 Builds the other source (a file, or `specstruct/runtime/csrc/blockq_linear.cpp` at a git commit) next to this tree's
 kernel and times both on the 1.5B target's Linear shapes (random blocks of `--format`) at 1, 9, 64 and 235 rows
 (a decode step, a 9-token verification, prefill chunks), the two alternating call by call, median of `--repeats`.
-It checks their outputs are bitwise equal: a change to the kernel's loops, not its order of sums, must keep them.
+`--march` builds this tree's source for another instruction set instead (x86-64-v3: AVX2 without AVX-512), and
+`--scalar` times the portable path beside it. It checks their outputs are bitwise equal: a change to the kernel's
+loops or its vector unit, not its order of sums, must keep them.
 Kernel changes are measured with this, not across runs: this machine drifts by 5-25% within an hour.
 """
 
@@ -58,16 +61,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commit", help="the other kernel: blockq_linear.cpp at this git commit")
     ap.add_argument("--source", help="the other kernel: this file")
+    ap.add_argument("--march", help="the other kernel: this tree's source built with -march=MARCH")
+    ap.add_argument("--scalar", action="store_true", help="also time the portable path (linear_scalar)")
     ap.add_argument("--format", default="Q4_K", choices=list(quantized.DECODERS))
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
-    if not (args.commit or args.source):
-        ap.error("give --commit or --source")
-    mine, other = quantized.kernel(), other_kernel(args.source, args.commit)
-    print(f"kernel: {mine.simd}; {torch.get_num_threads()} threads; format {args.format}")
+    if not (args.commit or args.source or args.march):
+        ap.error("give --commit, --source or --march")
+    mine = quantized.kernel()
+    other = quantized.kernel_for(args.march) if args.march else other_kernel(args.source, args.commit)
+    print(f"kernel: {mine.simd}, other: {other.simd}; {torch.get_num_threads()} threads; format {args.format}")
     rng = np.random.default_rng(0)
-    print("| outputs x inputs | rows | other, ms | this tree, ms | other / this | bitwise equal |")
-    print("|---|---|---|---|---|---|")
+    scalar_head = (" scalar, ms |", "---|") if args.scalar else ("", "")
+    print(f"| outputs x inputs | rows | other, ms | this tree, ms |{scalar_head[0]} other / this | bitwise equal |")
+    print(f"|---|---|---|---|{scalar_head[1]}---|---|")
     for n, k in SHAPES:
         w = random_weight(args.format, n, k, rng)
         f = w.fmt
@@ -75,15 +82,19 @@ def main() -> None:
         for m in ROWS:
             x = torch.randn(m, k)
             equal = torch.equal(mine.linear(x, *call), other.linear(x, *call))
-            times: dict[str, list[float]] = {"this": [], "other": []}
-            for i in range(args.repeats):
-                pair = [("this", mine), ("other", other)]
-                for side, ext in pair if i % 2 else pair[::-1]:
+            sides = {"this": lambda: mine.linear(x, *call), "other": lambda: other.linear(x, *call)}
+            if args.scalar:
+                sides["scalar"] = lambda: mine.linear_scalar(x, *call[:-1])
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for i in range(args.repeats if m < 64 or not args.scalar else max(3, args.repeats // 10)):
+                order = list(sides.items())
+                for side, fn in order if i % 2 else order[::-1]:
                     t0 = time.perf_counter()
-                    ext.linear(x, *call)
+                    fn()
                     times[side].append(time.perf_counter() - t0)
             a, b = statistics.median(times["other"]), statistics.median(times["this"])
-            print(f"| {n} x {k} | {m} | {a * 1e3:.3f} | {b * 1e3:.3f} | {a / b:.2f}x | {'yes' if equal else 'NO'} |")
+            c = f" {statistics.median(times['scalar']) * 1e3:.3f} |" if args.scalar else ""
+            print(f"| {n} x {k} | {m} | {a * 1e3:.3f} | {b * 1e3:.3f} |{c} {a / b:.2f}x | {'yes' if equal else 'NO'} |")
 
 
 if __name__ == "__main__":

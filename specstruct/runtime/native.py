@@ -2,7 +2,8 @@
 
 A kernel is compiled by torch.utils.cpp_extension (a C++ compiler and ninja) with -march=native into torch's
 extension cache, under a name keyed by the CPU's flags, torch's version and the source, so another machine, torch or
-source builds its own. Where it cannot be built its caller computes the same thing with torch ops, and `error`
+source builds its own. `SPECSTRUCT_MARCH` (e.g. x86-64-v3: AVX2 without AVX-512) builds every kernel for another
+instruction set instead: a fleet's common one, or what a smaller machine would run, measured here. Where it cannot be built its caller computes the same thing with torch ops, and `error`
 says why (the numerics string names what runs).
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import platform
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how every kernel is built (bench/kernel_ab too)
@@ -56,13 +59,15 @@ class Kernel:
     """One C++ source: `load()` builds it on first use (once per process, whatever threads ask) and returns the
     extension module, or None after a failed build (then `error` says why, and the build is not retried)."""
 
-    def __init__(self, stem: str, source: Path, what: str, fallback: str):
+    def __init__(self, stem: str, source: Path, what: str, fallback: str, march: str | None = None):
         self.stem, self.source, self.what, self.fallback = stem, source, what, fallback
+        # -march: this CPU's ("native"), or another instruction set (tests and probes compare the two)
+        self.march = march or os.environ.get("SPECSTRUCT_MARCH") or "native"
         self.module: object | None = None
         self.error: str | None = None
         self._lock = threading.Lock()
 
-    def load(self):
+    def load(self) -> Any:
         with self._lock:
             if self.module is None and self.error is None:
                 self._build()
@@ -72,9 +77,11 @@ class Kernel:
         try:
             from torch.utils import cpp_extension
 
-            name = f"{self.stem}_{cpu_key(self.source)}"
+            native = self.march == "native"
+            name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{self.march.replace('-', '_')}")
+            flags = CFLAGS if native else [f"-march={self.march}" if f == "-march=native" else f for f in CFLAGS]
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
-            self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=CFLAGS,
+            self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,
                                              extra_ldflags=LDFLAGS, verbose=False)
         except Exception as e:  # no compiler or ninja, a failed build: the caller's torch path gives the same math
             self.error = f"{self.what} could not be built ({type(e).__name__}: {str(e).strip()[:200]})"

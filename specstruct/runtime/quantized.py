@@ -53,8 +53,22 @@ def why_not() -> str | None:
     return None if _KERNEL.load() is not None else _KERNEL.error
 
 
+def kernel_for(march: str):
+    """This kernel's source built for another instruction set (`-march`, e.g. "x86-64-v3": AVX2 without
+    AVX-512), to compare its bits and speed with this CPU's build; raises where it cannot be built."""
+    variant = _VARIANTS.setdefault(march, native.Kernel(_KERNEL.stem, _KERNEL.source, f"{_KERNEL.what} ({march})",
+                                                        "", march=march))
+    ext = variant.load()
+    if ext is None:
+        raise RuntimeError(variant.error)
+    return ext
+
+
+_VARIANTS: dict[str, native.Kernel] = {}
+
+
 def simd() -> str:
-    """The instruction set the kernel was built for ("avx512-vnni" or "scalar")."""
+    """The instruction set the kernel was built for ("avx512-vnni", "avx2" or "scalar")."""
     return kernel().simd
 
 

@@ -22,8 +22,9 @@
 // activations (VPDPBUSD), then acc += float(D - z*A) * (d*s) (symmetric) or acc += s * fma(d, float(D), -(m*A))
 // (affine), one fused multiply-add per group. That order depends on K and G alone: not on how many rows are in
 // the call, a row's place among them, the panel split between threads or the vector unit, so a row computed
-// alone is bitwise the same row computed among any others. The scalar path does the same float operations in
-// the same order, so it gives the same bits as the AVX-512 VNNI one.
+// alone is bitwise the same row computed among any others. The AVX2 path (D from VPMADDUBSW pair sums, exact)
+// and the scalar path do the same float operations in the same order, so all three give the same bits: a
+// model's output does not depend on the machine's vector unit (tests build the AVX2 one on an AVX-512 CPU).
 //
 // Speed: one row streams the packed bytes once (0.56-1.1 bytes per weight instead of float32's 4); the rows of a
 // call are taken up to MB at a time against one panel, so each weight vector loaded (and each 4-bit vector
@@ -40,7 +41,13 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define SPECSTRUCT_VNNI 1
+#define SPECSTRUCT_VECTOR 1
 static const char* SIMD = "avx512-vnni";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SPECSTRUCT_AVX2 1
+#define SPECSTRUCT_VECTOR 1
+static const char* SIMD = "avx2";
 #else
 static const char* SIMD = "scalar";
 #endif
@@ -50,7 +57,11 @@ constexpr int NO = 16;  // outputs per panel
 #define PREFETCH_GROUPS 16
 #endif
 constexpr int64_t PREFETCH = PREFETCH_GROUPS;  // groups ahead to prefetch in a panel's stream
+#ifdef SPECSTRUCT_AVX2
+constexpr int MB = 4;  // the most rows per block: 4 accumulators + 8 weight vectors + temporaries fit in 16 registers
+#else
 constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
+#endif
 
 struct Format {
   int G;      // inputs per group
@@ -202,8 +213,8 @@ static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (ex
 
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
 static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
-                       const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_, int64_t K,
-                       int zero, float* __restrict y, int64_t ldy, int ncols) {
+                       const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
+                       const int32_t* __restrict, int64_t K, int zero, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
   __m512 acc[R];
@@ -271,26 +282,148 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
+#define PANEL panel_vnni
+#endif
+
+#ifdef SPECSTRUCT_AVX2
+static inline __m256 half8(const c10::Half* p) {  // 8 fp16 values widened (exactly) to float32
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 32 bits -> 32 bytes, byte i all ones where bit i is set.
+static inline __m256i bytes_of_bits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32((int)bits), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                                     2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// panel_vnni on AVX2: each half of the panel (8 outputs, 256 bits) in turn; per group the same integer dot product
+// D (VPMADDUBSW pairs, exact: a weight below 64 times |q| <= 127 stays far inside int16; 8-bit weights are taken
+// as u - 128 with VPSIGNB, as llama.cpp does, and D rebuilt as D' + 128 A) and the same float operations, lane for
+// lane, as panel_vnni and panel_scalar: the same bits.
+template <int R, int G, int BITS, bool AFFINE, bool SUB>
+static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
+                       const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
+                       const int32_t* __restrict ia, int64_t K, int zero, float* __restrict y, int64_t ldy,
+                       int ncols) {
+  constexpr int QUADS = G / 4;
+  constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2 && 8 * h < ncols; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      const uint8_t* gb = w + g * GB;
+      if (h == 0) {
+        for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
+      }
+      __m256i wv[QUADS];
+      if constexpr (BITS == 8) {
+        for (int i = 0; i < QUADS; ++i)  // u - 128 as a signed byte
+          wv[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h)),
+                                   _mm256_set1_epi8((char)0x80));
+      } else {
+        for (int i = 0; i < QUADS / 2; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h));
+          wv[i] = _mm256_and_si256(v, low);
+          wv[i + QUADS / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        if constexpr (BITS > 4) {
+          const uint8_t* high = gb + G * NO / 2;
+          for (int i = 0; i < QUADS; ++i)
+            for (int b = 0; b < BITS - 4; ++b) {
+              uint64_t bits;
+              std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
+              wv[i] = _mm256_or_si256(wv[i], _mm256_and_si256(bytes_of_bits((uint32_t)(bits >> (32 * h))),
+                                                              _mm256_set1_epi8((char)(16 << b))));
+            }
+        }
+      }
+      __m256 dv, mv = _mm256_setzero_ps();
+      if constexpr (SUB) {
+        const int64_t sb = g / gps;
+        const __m256i subs = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.sub + g * NO + 8 * h)));
+        dv = _mm256_mul_ps(half8(sc.super + sb * NO + 8 * h), _mm256_cvtepi32_ps(subs));
+        if constexpr (AFFINE) {
+          const __m256i mins =
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.submin + g * NO + 8 * h)));
+          mv = _mm256_mul_ps(half8(sc.supermin + sb * NO + 8 * h), _mm256_cvtepi32_ps(mins));
+        }
+      } else {
+        dv = half8(sc.super + g * NO + 8 * h);
+        if constexpr (AFFINE) mv = half8(sc.supermin + g * NO + 8 * h);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);
+        __m256i dot;
+        if constexpr (BITS == 8) {
+          dot = _mm256_set1_epi32(128 * ia[r * ng + g]);
+          for (int i = 0; i < QUADS; ++i) {
+            const __m256i qv = _mm256_set1_epi32(qg[i]);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i]), _mm256_sign_epi8(qv, wv[i]));
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+          }
+        } else {  // two quads' pairs summed in int16 first: below 2 * 2 * 63 * 127 = 32004
+          dot = _mm256_setzero_si256();
+          for (int i = 0; i < QUADS; i += 2) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(wv[i], _mm256_set1_epi32(qg[i])),
+                                                   _mm256_maddubs_epi16(wv[i + 1], _mm256_set1_epi32(qg[i + 1])));
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        const __m256 sa = _mm256_set1_ps(s[r * ng + g]), fa = _mm256_set1_ps(fa_[r * ng + g]);
+        if constexpr (!AFFINE) {
+          acc[r] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(dot), fa), _mm256_mul_ps(dv, sa), acc[r]);
+        } else {
+          const __m256 inner = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(dot), _mm256_mul_ps(mv, fa));
+          acc[r] = _mm256_fmadd_ps(inner, sa, acc[r]);
+        }
+      }
+    }
+    const int n = std::min(8, ncols - 8 * h);
+    for (int r = 0; r < R; ++r) {
+      if (n == 8) {
+        _mm256_storeu_ps(y + r * ldy + 8 * h, acc[r]);
+      } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc[r]);
+        std::memcpy(y + r * ldy + 8 * h, tmp, n * sizeof(float));
+      }
+    }
+  }
+}
+#define PANEL panel_avx2
+#endif
+
+#ifdef SPECSTRUCT_VECTOR
 template <int G, int BITS, bool AFFINE, bool SUB>
-static void rows_vnni(int R, const uint8_t* w, const Scales& sc, int gps, int64_t ng, const int8_t* q,
-                      const float* s, const float* fa, int64_t K, int zero, float* y, int64_t ldy, int ncols) {
+static void rows_vector(int R, const uint8_t* w, const Scales& sc, int gps, int64_t ng, const int8_t* q,
+                        const float* s, const float* fa, const int32_t* ia, int64_t K, int zero, float* y, int64_t ldy,
+                        int ncols) {
   switch (R) {
-#define CASE(n) case n: return panel_vnni<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, fa, K, zero, y, ldy, ncols);
+#define CASE(n) \
+  case n: return PANEL<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
+#ifdef SPECSTRUCT_VNNI
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#else
+    CASE(1) CASE(2) CASE(3) CASE(4)
+#endif
 #undef CASE
   }
 }
 
 using RowsFn = void (*)(int, const uint8_t*, const Scales&, int, int64_t, const int8_t*, const float*,
-                        const float*, int64_t, int, float*, int64_t, int);
+                        const float*, const int32_t*, int64_t, int, float*, int64_t, int);
 
 static RowsFn pick(const Format& f) {
   const bool sub = f.gps > 1;
-  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vnni<32, 8, false, false>;  // Q8_0
-  if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vnni<32, 4, false, false>;  // Q4_0
-  if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vnni<32, 5, false, false>;  // Q5_0
-  if (f.G == 16 && f.bits == 6 && f.zero >= 0 && sub) return rows_vnni<16, 6, false, true>;    // Q6_K
-  if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vnni<32, 4, true, true>;      // Q4_K
+  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vector<32, 8, false, false>;  // Q8_0
+  if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vector<32, 4, false, false>;  // Q4_0
+  if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vector<32, 5, false, false>;  // Q5_0
+  if (f.G == 16 && f.bits == 6 && f.zero >= 0 && sub) return rows_vector<16, 6, false, true>;    // Q6_K
+  if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vector<32, 4, true, true>;      // Q4_K
   return nullptr;
 }
 #endif
@@ -370,7 +503,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
-#ifdef SPECSTRUCT_VNNI
+#ifdef SPECSTRUCT_VECTOR
   const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
@@ -381,10 +514,10 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
         const int R = (int)std::min<int64_t>(even, M - r);
         const uint8_t* w = wd + p * pbytes;
         const Scales sc = st.panel(p);
-#ifdef SPECSTRUCT_VNNI
+#ifdef SPECSTRUCT_VECTOR
         if (fn) {
-          fn(R, w, sc, f.gps, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, K, f.zero, yd + r * N + p * NO,
-             N, ncols);
+          fn(R, w, sc, f.gps, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
+             yd + r * N + p * NO, N, ncols);
           continue;
         }
 #endif

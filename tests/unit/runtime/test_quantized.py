@@ -122,3 +122,46 @@ def test_merged_projections_are_the_same_bits_as_separate_calls(ext, name):
                                   torch.randn(16))
     assert quantized.merge_linears([mods[0], other]) is None  # formats differ
     assert quantized.merge_linears([mods[2], mods[0]]) is None  # a partial panel before the last part
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return False
+    return set(flags) <= set(line.split())
+
+
+@pytest.fixture(scope="module")
+def avx2():
+    """The same source built for AVX2 + FMA + F16C without AVX-512 (x86-64-v3: most laptops and desktops)."""
+    if not _cpu_has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU cannot run an AVX2 build")
+    try:
+        return quantized.kernel_for("x86-64-v3")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_avx2_build_gives_the_same_bits_as_this_cpus_build_and_the_scalar_path(ext, avx2, name, shape):
+    """A model's output must not depend on the machine's vector unit: the AVX2 build (integer pair sums, the same
+    float operations lane for lane) against this CPU's build and the portable path, for every row, alone too."""
+    assert avx2.simd == "avx2"
+    weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=3), *shape)
+    f = weight.fmt
+    args = (weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins, shape[0], f.group, f.bits,
+            f.zero, f.gps)
+    torch.manual_seed(3)
+    x = torch.randn(13, shape[1]) * torch.logspace(-2, 2, 13)[:, None]
+    x[4] = 0
+    x[5] = torch.arange(shape[1]) % 9 - 3.5
+    x[5, ::16] = 127
+    x[6] = 127 * torch.sign(torch.randn(shape[1]))  # every activation at +-127: the int16 pair sums' extremes
+    want = ext.linear_scalar(x, *args)
+    assert torch.equal(avx2.linear(x, *args, None), want) and torch.equal(ext.linear(x, *args, None), want)
+    for n in (1, 4, 5, 9):  # row blocks of 4 (AVX2) and of up to 12 (AVX-512)
+        assert torch.equal(avx2.linear(x[:n], *args, None), want[:n])
+    assert torch.equal(avx2.linear(x[7:8], *args, None), want[7:8])
