@@ -2,8 +2,9 @@
 
 A kernel is compiled by torch.utils.cpp_extension (a C++ compiler and ninja) with -march=native into torch's
 extension cache, under a name keyed by the CPU's flags, torch's version and the source, so another machine, torch or
-source builds its own. `SPECSTRUCT_MARCH` (e.g. x86-64-v3: AVX2 without AVX-512) builds every kernel for another
-instruction set instead: a fleet's common one, or what a smaller machine would run, measured here. Where it cannot be built its caller computes the same thing with torch ops, and `error`
+source builds its own. `SPECSTRUCT_MARCH` (e.g. "x86-64-v3": AVX2 without AVX-512; "x86-64-v3 -mavxvnni": with
+AVX-VNNI) builds every kernel for another instruction set instead: a fleet's common one, or what a smaller machine
+would run, measured here. Where it cannot be built its caller computes the same thing with torch ops, and `error`
 says why (the numerics string names what runs).
 """
 
@@ -78,8 +79,10 @@ class Kernel:
             from torch.utils import cpp_extension
 
             native = self.march == "native"
-            name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{self.march.replace('-', '_')}")
-            flags = CFLAGS if native else [f"-march={self.march}" if f == "-march=native" else f for f in CFLAGS]
+            tag = "".join(c if c.isalnum() else "_" for c in self.march)
+            name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{tag}")
+            march, *extra = self.march.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
+            flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS] + extra
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
             self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,
                                              extra_ldflags=LDFLAGS, verbose=False)

@@ -47,7 +47,11 @@ static const char* SIMD = "avx512-vnni";
 #include <immintrin.h>
 #define SPECSTRUCT_AVX2 1
 #define SPECSTRUCT_VECTOR 1
+#ifdef __AVXVNNI__
+static const char* SIMD = "avx-vnni";  // AVX2 with 256-bit VPDPBUSD (Intel since Alder Lake, AMD since Zen 4)
+#else
 static const char* SIMD = "avx2";
+#endif
 #else
 static const char* SIMD = "scalar";
 #endif
@@ -58,7 +62,7 @@ constexpr int NO = 16;  // outputs per panel
 #endif
 constexpr int64_t PREFETCH = PREFETCH_GROUPS;  // groups ahead to prefetch in a panel's stream
 #ifdef SPECSTRUCT_AVX2
-constexpr int MB = 4;  // the most rows per block: 4 accumulators + 8 weight vectors + temporaries fit in 16 registers
+constexpr int MB = 6;  // the most rows per block: 6 accumulators + 8 weight vectors fit in 16 registers
 #else
 constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
 #endif
@@ -299,97 +303,130 @@ static inline __m256i bytes_of_bits(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
-// panel_vnni on AVX2: each half of the panel (8 outputs, 256 bits) in turn; per group the same integer dot product
-// D (VPMADDUBSW pairs, exact: a weight below 64 times |q| <= 127 stays far inside int16; 8-bit weights are taken
-// as u - 128 with VPSIGNB, as llama.cpp does, and D rebuilt as D' + 128 A) and the same float operations, lane for
-// lane, as panel_vnni and panel_scalar: the same bits.
+// D for 8 outputs: the exact integer dot product of one row's G int8 activations (4 per word of qg) with the
+// group's weights (QUADS vectors of 8 outputs x 4 inputs; 8-bit ones as u - 128 unless AVX-VNNI), A their sum.
+template <int QUADS, int BITS>
+static inline __m256i dot8(const __m256i* wv, const int32_t* qg, int32_t A) {
+#ifdef __AVXVNNI__
+  __m256i dot = _mm256_setzero_si256();  // VPDPBUSD: unsigned weights times signed activations, 4 per lane
+  for (int i = 0; i < QUADS; ++i) dot = _mm256_dpbusd_avx_epi32(dot, wv[i], _mm256_set1_epi32(qg[i]));
+  return dot;
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 8) {  // |u - 128| * sign(q): pairs below 2 * 128 * 127 = 32512; D = D' + 128 A
+    __m256i dot = _mm256_set1_epi32(128 * A);
+    for (int i = 0; i < QUADS; ++i) {
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i]), _mm256_sign_epi8(_mm256_set1_epi32(qg[i]), wv[i]));
+      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+    }
+    return dot;
+  } else {  // CHUNK quads' pairs summed in int16 first: at most CHUNK * 2 * (2^BITS - 1) * 127 <= 32767
+    constexpr int CHUNK = std::min(QUADS, 32767 / (2 * ((1 << BITS) - 1) * 127));
+    static_assert(CHUNK >= 1 && QUADS % CHUNK == 0, "whole chunks of quads");
+    __m256i dot = _mm256_setzero_si256();
+    for (int i = 0; i < QUADS; i += CHUNK) {
+      __m256i pairs = _mm256_maddubs_epi16(wv[i], _mm256_set1_epi32(qg[i]));
+      for (int j = 1; j < CHUNK; ++j)
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(wv[i + j], _mm256_set1_epi32(qg[i + j])));
+      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+    }
+    return dot;
+  }
+#endif
+}
+
+// One group of the panel's half h (8 outputs) for rows [0, R): acc[r] += that group's terms.
+template <int R, int G, int BITS, bool AFFINE, bool SUB>
+static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, const Scales& sc, int gps, int64_t ng,
+                              const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
+                              const int32_t* __restrict ia, int64_t K, __m256* acc) {
+  constexpr int QUADS = G / 4;
+  __m256i wv[QUADS];
+  if constexpr (BITS == 8) {
+    for (int i = 0; i < QUADS; ++i) {
+      wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h));
+#ifndef __AVXVNNI__
+      wv[i] = _mm256_xor_si256(wv[i], _mm256_set1_epi8((char)0x80));  // u - 128 as a signed byte
+#endif
+    }
+  } else {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < QUADS / 2; ++i) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h));
+      wv[i] = _mm256_and_si256(v, low);
+      wv[i + QUADS / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if constexpr (BITS > 4) {
+      const uint8_t* high = gb + G * NO / 2;
+      for (int i = 0; i < QUADS; ++i)
+        for (int b = 0; b < BITS - 4; ++b) {
+          uint64_t bits;
+          std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
+          wv[i] = _mm256_or_si256(wv[i], _mm256_and_si256(bytes_of_bits((uint32_t)(bits >> (32 * h))),
+                                                          _mm256_set1_epi8((char)(16 << b))));
+        }
+    }
+  }
+  __m256 dv, mv = _mm256_setzero_ps();
+  if constexpr (SUB) {
+    const int64_t sb = g / gps;
+    const __m256i subs = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.sub + g * NO + 8 * h)));
+    dv = _mm256_mul_ps(half8(sc.super + sb * NO + 8 * h), _mm256_cvtepi32_ps(subs));
+    if constexpr (AFFINE) {
+      const __m256i mins =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.submin + g * NO + 8 * h)));
+      mv = _mm256_mul_ps(half8(sc.supermin + sb * NO + 8 * h), _mm256_cvtepi32_ps(mins));
+    }
+  } else {
+    dv = half8(sc.super + g * NO + 8 * h);
+    if constexpr (AFFINE) mv = half8(sc.supermin + g * NO + 8 * h);
+  }
+  for (int r = 0; r < R; ++r) {
+    const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);
+    const __m256i dot = dot8<QUADS, BITS>(wv, qg, ia[r * ng + g]);
+    const __m256 sa = _mm256_set1_ps(s[r * ng + g]), fa = _mm256_set1_ps(fa_[r * ng + g]);
+    if constexpr (!AFFINE) {
+      acc[r] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(dot), fa), _mm256_mul_ps(dv, sa), acc[r]);
+    } else {
+      const __m256 inner = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(dot), _mm256_mul_ps(mv, fa));
+      acc[r] = _mm256_fmadd_ps(inner, sa, acc[r]);
+    }
+  }
+}
+
+// panel_vnni on AVX2 (or AVX-VNNI), 8 outputs (256 bits) at a time: per group the same integer dot product D (dot8)
+// and the same float operations, lane for lane, as panel_vnni and panel_scalar: the same bits. One or two rows
+// take both halves in one pass over the panel (each weight line read once); more rows take one half per pass (16
+// registers hold R accumulators and a half's weights).
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
 static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
-                       const int32_t* __restrict ia, int64_t K, int zero, float* __restrict y, int64_t ldy,
-                       int ncols) {
-  constexpr int QUADS = G / 4;
+                       const int32_t* __restrict ia, int64_t K, int, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2 && 8 * h < ncols; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  constexpr int HALVES = R <= 2 ? 2 : 1;  // halves per pass
+  for (int first = 0; first < 2 && 8 * first < ncols; first += HALVES) {
+    const int halves = std::min(HALVES, (ncols + 7) / 8 - first);
+    __m256 acc[HALVES][R];
+    for (int hh = 0; hh < HALVES; ++hh)
+      for (int r = 0; r < R; ++r) acc[hh][r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
       const uint8_t* gb = w + g * GB;
-      if (h == 0) {
+      if (first == 0) {
         for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
       }
-      __m256i wv[QUADS];
-      if constexpr (BITS == 8) {
-        for (int i = 0; i < QUADS; ++i)  // u - 128 as a signed byte
-          wv[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h)),
-                                   _mm256_set1_epi8((char)0x80));
-      } else {
-        for (int i = 0; i < QUADS / 2; ++i) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h));
-          wv[i] = _mm256_and_si256(v, low);
-          wv[i + QUADS / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-        if constexpr (BITS > 4) {
-          const uint8_t* high = gb + G * NO / 2;
-          for (int i = 0; i < QUADS; ++i)
-            for (int b = 0; b < BITS - 4; ++b) {
-              uint64_t bits;
-              std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
-              wv[i] = _mm256_or_si256(wv[i], _mm256_and_si256(bytes_of_bits((uint32_t)(bits >> (32 * h))),
-                                                              _mm256_set1_epi8((char)(16 << b))));
-            }
-        }
-      }
-      __m256 dv, mv = _mm256_setzero_ps();
-      if constexpr (SUB) {
-        const int64_t sb = g / gps;
-        const __m256i subs = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.sub + g * NO + 8 * h)));
-        dv = _mm256_mul_ps(half8(sc.super + sb * NO + 8 * h), _mm256_cvtepi32_ps(subs));
-        if constexpr (AFFINE) {
-          const __m256i mins =
-              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc.submin + g * NO + 8 * h)));
-          mv = _mm256_mul_ps(half8(sc.supermin + sb * NO + 8 * h), _mm256_cvtepi32_ps(mins));
-        }
-      } else {
-        dv = half8(sc.super + g * NO + 8 * h);
-        if constexpr (AFFINE) mv = half8(sc.supermin + g * NO + 8 * h);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);
-        __m256i dot;
-        if constexpr (BITS == 8) {
-          dot = _mm256_set1_epi32(128 * ia[r * ng + g]);
-          for (int i = 0; i < QUADS; ++i) {
-            const __m256i qv = _mm256_set1_epi32(qg[i]);
-            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i]), _mm256_sign_epi8(qv, wv[i]));
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
-          }
-        } else {  // two quads' pairs summed in int16 first: below 2 * 2 * 63 * 127 = 32004
-          dot = _mm256_setzero_si256();
-          for (int i = 0; i < QUADS; i += 2) {
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(wv[i], _mm256_set1_epi32(qg[i])),
-                                                   _mm256_maddubs_epi16(wv[i + 1], _mm256_set1_epi32(qg[i + 1])));
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
-          }
-        }
-        const __m256 sa = _mm256_set1_ps(s[r * ng + g]), fa = _mm256_set1_ps(fa_[r * ng + g]);
-        if constexpr (!AFFINE) {
-          acc[r] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(dot), fa), _mm256_mul_ps(dv, sa), acc[r]);
-        } else {
-          const __m256 inner = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(dot), _mm256_mul_ps(mv, fa));
-          acc[r] = _mm256_fmadd_ps(inner, sa, acc[r]);
-        }
-      }
+      for (int hh = 0; hh < halves; ++hh)
+        group_avx2<R, G, BITS, AFFINE, SUB>(gb, first + hh, g, sc, gps, ng, q, s, fa_, ia, K, acc[hh]);
     }
-    const int n = std::min(8, ncols - 8 * h);
-    for (int r = 0; r < R; ++r) {
-      if (n == 8) {
-        _mm256_storeu_ps(y + r * ldy + 8 * h, acc[r]);
-      } else {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, acc[r]);
-        std::memcpy(y + r * ldy + 8 * h, tmp, n * sizeof(float));
+    for (int hh = 0; hh < halves; ++hh) {
+      const int h = first + hh, n = std::min(8, ncols - 8 * h);
+      for (int r = 0; r < R; ++r) {
+        if (n == 8) {
+          _mm256_storeu_ps(y + r * ldy + 8 * h, acc[hh][r]);
+        } else {
+          float tmp[8];
+          _mm256_storeu_ps(tmp, acc[hh][r]);
+          std::memcpy(y + r * ldy + 8 * h, tmp, n * sizeof(float));
+        }
       }
     }
   }
@@ -408,7 +445,7 @@ static void rows_vector(int R, const uint8_t* w, const Scales& sc, int gps, int6
 #ifdef SPECSTRUCT_VNNI
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #else
-    CASE(1) CASE(2) CASE(3) CASE(4)
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #endif
 #undef CASE
   }

@@ -133,23 +133,31 @@ def _cpu_has(*flags: str) -> bool:
     return set(flags) <= set(line.split())
 
 
-@pytest.fixture(scope="module")
-def avx2():
-    """The same source built for AVX2 + FMA + F16C without AVX-512 (x86-64-v3: most laptops and desktops)."""
-    if not _cpu_has("avx2", "fma", "f16c"):
-        pytest.skip("this CPU cannot run an AVX2 build")
+# Builds for other vector units than this CPU's: (-march and flags, the simd it names, the CPU flags it needs)
+BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")),  # most laptops and desktops
+          "avx-vnni": ("x86-64-v3 -mavxvnni", ("avx2", "fma", "f16c", "avx_vnni"))}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def other_build(request):
+    """The same source built for AVX2 (pair sums) or AVX-VNNI (256-bit VPDPBUSD) without AVX-512."""
+    march, needs = BUILDS[request.param]
+    if not _cpu_has(*needs):
+        pytest.skip(f"this CPU cannot run a {request.param} build")
     try:
-        return quantized.kernel_for("x86-64-v3")
+        ext = quantized.kernel_for(march)
     except RuntimeError as e:
         pytest.skip(str(e))
+    assert ext.simd == request.param
+    return ext
 
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_avx2_build_gives_the_same_bits_as_this_cpus_build_and_the_scalar_path(ext, avx2, name, shape):
-    """A model's output must not depend on the machine's vector unit: the AVX2 build (integer pair sums, the same
-    float operations lane for lane) against this CPU's build and the portable path, for every row, alone too."""
-    assert avx2.simd == "avx2"
+def test_other_vector_units_give_the_same_bits_as_this_cpus_build_and_the_scalar_path(ext, other_build, name, shape):
+    """A model's output must not depend on the machine's vector unit: the AVX2 and AVX-VNNI builds (exact integer
+    sums, the same float operations lane for lane) against this CPU's build and the portable path, every row."""
+    avx2 = other_build
     weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=3), *shape)
     f = weight.fmt
     args = (weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins, shape[0], f.group, f.bits,
@@ -162,6 +170,6 @@ def test_the_avx2_build_gives_the_same_bits_as_this_cpus_build_and_the_scalar_pa
     x[6] = 127 * torch.sign(torch.randn(shape[1]))  # every activation at +-127: the int16 pair sums' extremes
     want = ext.linear_scalar(x, *args)
     assert torch.equal(avx2.linear(x, *args, None), want) and torch.equal(ext.linear(x, *args, None), want)
-    for n in (1, 4, 5, 9):  # row blocks of 4 (AVX2) and of up to 12 (AVX-512)
+    for n in (1, 2, 3, 6, 7, 9):  # blocks of 1-2 rows (both halves at once), up to 6 (AVX2), up to 12 (AVX-512)
         assert torch.equal(avx2.linear(x[:n], *args, None), want[:n])
     assert torch.equal(avx2.linear(x[7:8], *args, None), want[7:8])
