@@ -93,30 +93,31 @@ def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[
 
 def probe_trimmed(policy: AdaptivePolicy, rows: list[tuple[Mode, list[tuple[str, int]], int]]) -> list[int]:
     """Each row's kept length (from free_lengths), one row's raised by a probe: a drafter whose candidates every
-    batched pass trims away would never be judged again, so its acceptance rate could never recover. A pass that
-    judged none of a drafter's candidates (in any row) counts once; every PROBE_EVERY such passes the first row that
-    trimmed it verifies its first candidate anyway (the candidates before it too: a candidate counts only after
-    them), as the policy probes a draft model it switched off. `rows` are (mode, segments, kept) of the rows taught
-    by `policy`."""
+    batched pass trims away would never be judged again, so its acceptance rate could never recover. Its row steps
+    without a judged candidate are counted, as a lone row's steps are (a pass in which any row judged one resets the
+    count: its rate was measured); every PROBE_EVERY of them the first row that trimmed it verifies its first
+    candidate anyway (the candidates before it too: a candidate counts only after them), as the policy probes a
+    draft model it switched off. `rows` are (mode, segments, kept) of the rows taught by `policy`."""
     kept = [n for _, _, n in rows]
     judged: set[tuple[Mode, str]] = set()
-    trimmed: dict[tuple[Mode, str], tuple[int, int]] = {}
+    trimmed: dict[tuple[Mode, str], list[tuple[int, int]]] = {}
     for i, (mode, segments, n) in enumerate(rows):
         offset = 0
         for name, count in segments:
             if offset >= n:  # the drafters after it are judged only after it
-                trimmed.setdefault((mode, name), (i, offset))
+                trimmed.setdefault((mode, name), []).append((i, offset))
                 break
             judged.add((mode, name))
             offset += count
     for key in judged:
         policy.idle_steps[key] = 0
-    for key, (i, offset) in trimmed.items():
+    for key, where in trimmed.items():
         if key in judged:
             continue
-        policy.idle_steps[key] += 1
+        policy.idle_steps[key] += len(where)
         if policy.idle_steps[key] >= PROBE_EVERY:
             policy.idle_steps[key] = 0
+            i, offset = where[0]
             kept[i] = offset + 1
     return kept
 

@@ -59,14 +59,16 @@ def test_a_drafter_the_batch_always_trims_is_probed_now_and_then():
     assert probe_trimmed(pol, [("json", segments, 4)]) == [4] and pol.idle_steps[("json", "lookup")] == 0  # judged
 
 
-def test_probes_count_passes_not_rows():
-    """Eight rows that all trim lookup are one pass without it, not eight: the probe comes every PROBE_EVERY
-    passes, in one row only; a pass in which any row judged lookup resets the count."""
+def test_probes_count_row_steps_and_probe_one_row():
+    """Eight rows that all trim lookup are eight row steps without it (as eight lone rows' steps would be): the
+    probe comes every PROBE_EVERY / 8 passes, in one row only; a pass in which any row judged lookup resets the
+    count."""
     pol = AdaptivePolicy(SpecConfig(), ALL)
     segments = [("forced", 2), ("lookup", 3)]
-    passes = [probe_trimmed(pol, [("json", segments, 1)] * 8) for _ in range(2 * PROBE_EVERY)]
-    probed = [p for p in passes if p != [1] * 8]
-    assert probed == [[3] + [1] * 7] * 2 and passes[PROBE_EVERY - 1] == [3] + [1] * 7
+    passes = [probe_trimmed(pol, [("json", segments, 1)] * 8) for _ in range(PROBE_EVERY)]
+    probed = [i for i, p in enumerate(passes) if p != [1] * 8]
+    assert probed == list(range(PROBE_EVERY // 8 - 1, PROBE_EVERY, PROBE_EVERY // 8))
+    assert all(passes[i] == [3] + [1] * 7 for i in probed)
     pol.idle_steps[("json", "lookup")] = PROBE_EVERY - 1
     assert probe_trimmed(pol, [("json", segments, 1), ("json", segments, 4)]) == [1, 4]  # judged by the second row
     assert pol.idle_steps[("json", "lookup")] == 0
