@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +36,29 @@ def cpu_key(source: Path) -> str:
         flags = platform.processor()
     text = "|".join([flags, _torch_version(), source.read_text()])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# What a compiler defines for an x86 instruction set, and the /proc/cpuinfo flag a CPU that runs it lists
+_X86_FEATURES = {"__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__AVXVNNI__": "avx_vnni",
+                 "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
+                 "__AVX512VNNI__": "avx512_vnni", "__AVX512BF16__": "avx512_bf16", "__AVX512FP16__": "avx512_fp16",
+                 "__AMX_TILE__": "amx_tile"}
+
+
+def unsupported(flags: list[str]) -> list[str]:
+    """The CPU features that compiler `flags` (-march=...) would use and this CPU lacks (its code would stop the
+    process with an illegal instruction); [] where they all run here, or where that cannot be told (not Linux/x86)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set(next((line for line in f if line.startswith("flags")), "").split())
+        if not have:
+            return []
+        out = subprocess.run([os.environ.get("CXX", "c++"), *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    defined = {line.split()[1] for line in out.splitlines() if line.startswith("#define ")}
+    return sorted(flag for macro, flag in _X86_FEATURES.items() if macro in defined and flag not in have)
 
 
 def _torch_version() -> str:
@@ -83,6 +107,10 @@ class Kernel:
             name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{tag}")
             march, *extra = self.march.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
             flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS] + extra
+            missing = [] if native else unsupported(flags)
+            if missing:
+                raise RuntimeError(f"SPECSTRUCT_MARCH={self.march!r} uses {', '.join(missing)}, which this CPU lacks: "
+                                   "unset it, or name an instruction set this CPU runs (e.g. x86-64-v3)")
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
             self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,
                                              extra_ldflags=LDFLAGS, verbose=False)
