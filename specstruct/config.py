@@ -60,6 +60,16 @@ class EngineConfig(BaseModel):
     prefix_cache_bytes: int = Field(1 * GiB, ge=0)
     kv_memory: KVMemory = Field(default_factory=KVMemory)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_call_keys(cls, data: Any) -> Any:
+        calls = sorted(set(SpecConfig.model_fields) & set(data)) if isinstance(data, dict) else []
+        if calls:
+            raise ValueError(f"{calls} are what a call asks for, not how the engine is built: pass them as "
+                             f"config=SpecConfig({', '.join(f'{k}=...' for k in calls)}) (every call's default) or "
+                             "per call")
+        return data
+
     @classmethod
     def of(cls, value: "EngineConfig | dict[str, Any] | None") -> "EngineConfig":
         """An EngineConfig from itself, a dict of its keys (InvalidParameterError naming a bad one) or None."""

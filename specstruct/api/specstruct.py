@@ -42,14 +42,42 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def checked_keywords(fn: F) -> F:
     """run / stream / arun / astream take the decoding keys they name; another SpecConfig key is refused with the
-    call that passes it (`config={...}`), not Python's bare "unexpected keyword argument"."""
+    call that passes it (`config={...}`), not Python's bare "unexpected keyword argument". The wrapper is what
+    `fn` is (a function, a generator, a coroutine or an async generator function), so introspection still tells."""
     named = inspect.signature(fn).parameters
 
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
+    def check(kwargs: dict[str, Any]) -> None:
         unknown = sorted(k for k in kwargs if k not in named)
         if unknown:
             raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {unknown}{config_hint(unknown)}")
+
+    if inspect.isasyncgenfunction(fn):
+        @functools.wraps(fn)
+        async def stream(*args: Any, **kwargs: Any) -> Any:
+            check(kwargs)
+            inner = fn(*args, **kwargs)
+            try:
+                async for item in inner:
+                    yield item
+            finally:
+                await inner.aclose()  # closing this stream closes (and cancels) the inner one now
+        return stream  # type: ignore[return-value]
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def chunks(*args: Any, **kwargs: Any) -> Any:
+            check(kwargs)
+            return (yield from fn(*args, **kwargs))  # closing this one closes (and cancels) the inner one
+        return chunks  # type: ignore[return-value]
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def coroutine(*args: Any, **kwargs: Any) -> Any:
+            check(kwargs)
+            return await fn(*args, **kwargs)
+        return coroutine  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check(kwargs)
         return fn(*args, **kwargs)
     return checked  # type: ignore[return-value]
 
@@ -112,7 +140,8 @@ class SpecStruct:
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
         model with the same vocabulary. `config` is every call's default SpecConfig, `engine_config` what the engine
         is built with (weights, device, dtype, draft numerics, KV memory); `decoding_params` is a flat dict of keys
-        of either (over both), `batch_config` the keys of BatchConfig (max_batch_size, timeout_ms, max_queue)."""
+        of either (over both), `batch_config` the keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue); every key:
+        docs/settings.md."""
         from specstruct.runtime.gguf_model import load_model
 
         engine_keys, call_keys = split_params(decoding_params)

@@ -4,7 +4,8 @@ A kernel is compiled by torch.utils.cpp_extension (a C++ compiler and ninja) wit
 extension cache, under a name keyed by the CPU's flags, torch's version and the source, so another machine, torch or
 source builds its own. `SPECSTRUCT_MARCH` (e.g. "x86-64-v3": AVX2 without AVX-512; "x86-64-v3 -mavxvnni": with
 AVX-VNNI) builds every kernel for another instruction set instead: a fleet's common one, or what a smaller machine
-would run, measured here. Where it cannot be built its caller computes the same thing with torch ops, and `error`
+would run, measured here (read when specstruct's runtime is imported; one this CPU cannot run is refused by name).
+Where it cannot be built its caller computes the same thing with torch ops, and `error`
 says why (the numerics string names what runs).
 """
 
@@ -38,27 +39,24 @@ def cpu_key(source: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# What a compiler defines for an x86 instruction set, and the /proc/cpuinfo flag a CPU that runs it lists
-_X86_FEATURES = {"__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__AVXVNNI__": "avx_vnni",
-                 "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
-                 "__AVX512VNNI__": "avx512_vnni", "__AVX512BF16__": "avx512_bf16", "__AVX512FP16__": "avx512_fp16",
-                 "__AMX_TILE__": "amx_tile"}
-
-
 def unsupported(flags: list[str]) -> list[str]:
-    """The CPU features that compiler `flags` (-march=...) would use and this CPU lacks (its code would stop the
-    process with an illegal instruction); [] where they all run here, or where that cannot be told (not Linux/x86)."""
+    """The instruction-set features compiler `flags` (-march=...) enable that this CPU lacks, by the compiler's own
+    feature macros for them and for -march=native (its code would stop the process with an illegal instruction);
+    [] where they all run here, or where the compiler cannot tell."""
+    def features(march: list[str]) -> set[str]:
+        out = subprocess.run([os.environ.get("CXX", "c++"), *march, "-dM", "-E", "-x", "c++", "/dev/null"],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise OSError(out.stderr.strip()[:200])
+        names = {m.split()[1] for m in out.stdout.splitlines() if m.startswith("#define __") and m.split()[2:] == ["1"]}
+        return {n for n in names if n.endswith("__") and n.strip("_").isupper()}  # __AVX2__, not __znver5__
+
     try:
-        with open("/proc/cpuinfo") as f:
-            have = set(next((line for line in f if line.startswith("flags")), "").split())
-        if not have:
-            return []
-        out = subprocess.run([os.environ.get("CXX", "c++"), *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
-                             capture_output=True, text=True, timeout=60).stdout
+        wanted = features(flags)
+        here = features(["-march=native"] + [f for f in flags if not f.startswith("-m")])  # the same -O, -f flags
     except (OSError, subprocess.SubprocessError):
         return []
-    defined = {line.split()[1] for line in out.splitlines() if line.startswith("#define ")}
-    return sorted(flag for macro, flag in _X86_FEATURES.items() if macro in defined and flag not in have)
+    return sorted(m.strip("_").lower() for m in wanted - here)
 
 
 def _torch_version() -> str:
@@ -109,8 +107,8 @@ class Kernel:
             flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS] + extra
             missing = [] if native else unsupported(flags)
             if missing:
-                raise RuntimeError(f"SPECSTRUCT_MARCH={self.march!r} uses {', '.join(missing)}, which this CPU lacks: "
-                                   "unset it, or name an instruction set this CPU runs (e.g. x86-64-v3)")
+                raise RuntimeError(f"-march={self.march!r} (SPECSTRUCT_MARCH) uses {', '.join(missing)}, which this "
+                                   "CPU lacks: name an instruction set it runs (e.g. x86-64-v3), or unset it")
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
             self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,
                                              extra_ldflags=LDFLAGS, verbose=False)

@@ -68,7 +68,7 @@ _VARIANTS: dict[str, native.Kernel] = {}
 
 
 def simd() -> str:
-    """The instruction set the kernel was built for ("avx512-vnni", "avx2" or "scalar")."""
+    """The instruction set the kernel was built for ("avx512-vnni", "avx-vnni", "avx2" or "scalar")."""
     return kernel().simd
 
 

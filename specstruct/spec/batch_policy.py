@@ -115,8 +115,8 @@ def probe_trimmed(policy: AdaptivePolicy, rows: list[tuple[Mode, list[tuple[str,
         if key in judged:
             continue
         policy.idle_steps[key] += len(where)
-        if policy.idle_steps[key] >= PROBE_EVERY:
-            policy.idle_steps[key] = 0
+        if policy.idle_steps[key] >= PROBE_EVERY:  # one probe a pass; the steps beyond it count toward the next
+            policy.idle_steps[key] = min(policy.idle_steps[key] - PROBE_EVERY, PROBE_EVERY - 1)
             i, offset = where[0]
             kept[i] = offset + 1
     return kept

@@ -53,10 +53,17 @@ def test_a_config_key_given_as_a_keyword_is_refused_with_the_call_that_passes_it
     with pytest.raises(TypeError, match=hint):
         list(engine.stream("go", str, initial_candidates=4))
     with pytest.raises(TypeError, match=hint):
-        engine.astream("go", str, initial_candidates=4)
+        asyncio.run(engine.astream("go", str, initial_candidates=4).__anext__())
+    with pytest.raises(TypeError, match=hint):
+        asyncio.run(engine.arun("go", str, initial_candidates=4))
     with pytest.raises(TypeError, match=hint):
         engine.generate_many(["a"], str, initial_candidates=4)
     assert engine.run("go", str, config={"initial_candidates": 4}).text == engine.run("go", str).text
+
+
+def test_the_async_calls_still_read_as_async_to_introspection():
+    assert inspect.iscoroutinefunction(ss.SpecStruct.arun) and inspect.isasyncgenfunction(ss.SpecStruct.astream)
+    assert inspect.isgeneratorfunction(ss.SpecStruct.stream) and not inspect.isgeneratorfunction(ss.SpecStruct.run)
 
 
 def test_the_old_name_of_the_speculator_still_reads_with_a_warning():

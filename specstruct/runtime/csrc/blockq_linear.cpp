@@ -48,7 +48,7 @@ static const char* SIMD = "avx512-vnni";
 #define SPECSTRUCT_AVX2 1
 #define SPECSTRUCT_VECTOR 1
 #ifdef __AVXVNNI__
-static const char* SIMD = "avx-vnni";  // AVX2 with 256-bit VPDPBUSD (Intel since Alder Lake, AMD since Zen 4)
+static const char* SIMD = "avx-vnni";  // AVX2 with 256-bit VPDPBUSD (Intel since Alder Lake, AMD since Zen 5)
 #else
 static const char* SIMD = "avx2";
 #endif

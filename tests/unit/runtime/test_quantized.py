@@ -39,7 +39,9 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 FORMATS = list(quantized.DECODERS)
 # (outputs, inputs): a partial last panel, several panels, one and several groups / super-blocks
-SHAPES = [(40, 256), (16, 512), (7, 256), (100, 768)]  # inputs: whole super-blocks of 256
+# last panels of 8, 16, 7, 4, 12 and 9 outputs: a half panel (AVX2), a whole one, part of the first half, part of
+# the second
+SHAPES = [(40, 256), (16, 512), (7, 256), (100, 768), (28, 256), (41, 512)]  # inputs: whole super-blocks of 256
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -144,10 +146,9 @@ def other_build(request):
     march, needs = BUILDS[request.param]
     if not _cpu_has(*needs):
         pytest.skip(f"this CPU cannot run a {request.param} build")
-    try:
-        ext = quantized.kernel_for(march)
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    if quantized.why_not():
+        pytest.skip(quantized.why_not())
+    ext = quantized.kernel_for(march)  # this CPU's build works and runs this one: a failure is a failure
     assert ext.simd == request.param
     return ext
 
@@ -173,3 +174,24 @@ def test_other_vector_units_give_the_same_bits_as_this_cpus_build_and_the_scalar
     for n in (1, 2, 3, 6, 7, 9):  # blocks of 1-2 rows (both halves at once), up to 6 (AVX2), up to 12 (AVX-512)
         assert torch.equal(avx2.linear(x[:n], *args, None), want[:n])
     assert torch.equal(avx2.linear(x[7:8], *args, None), want[7:8])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_integer_sums_at_their_extremes_give_the_same_bits_everywhere(ext, other_build, name):
+    """Every weight at its format's largest code (or Q8_0's -128) against activations all +127 or all -127: the
+    int16 pair sums of the AVX2 path at their bounds (32512 for 8 bits; 30480, 31496, 32004 for 4, 5, 6 bits)."""
+    shape = (41, 512)
+    raw = random_blocks(name, *shape, seed=4)
+    blocks = raw.reshape(-1, quantized.DECODERS[name][3])
+    scales = {"Q4_K": [0, 1, 2, 3], "Q6_K": [208, 209]}.get(name, [0, 1])  # the fp16 scales stay as they are
+    codes = [i for i in range(blocks.shape[1]) if i not in scales]
+    blocks[:, codes] = 0x80 if name == "Q8_0" else 0xFF  # Q8_0: int8 -128; the others: every bit of the code set
+    weight = quantized.from_gguf_blocks(name, raw, *shape)
+    f = weight.fmt
+    args = (weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins, shape[0], f.group, f.bits,
+            f.zero, f.gps)
+    x = torch.stack([torch.ones(shape[1]), -torch.ones(shape[1]), torch.ones(shape[1]) * 3])
+    want = ext.linear_scalar(x, *args)
+    assert torch.isfinite(want).all()
+    assert torch.equal(other_build.linear(x, *args, None), want) and torch.equal(ext.linear(x, *args, None), want)
+    assert torch.equal(other_build.linear(x[1:2], *args, None), want[1:2])

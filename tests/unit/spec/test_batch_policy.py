@@ -69,6 +69,9 @@ def test_probes_count_row_steps_and_probe_one_row():
     probed = [i for i, p in enumerate(passes) if p != [1] * 8]
     assert probed == list(range(PROBE_EVERY // 8 - 1, PROBE_EVERY, PROBE_EVERY // 8))
     assert all(passes[i] == [3] + [1] * 7 for i in probed)
+    pol.idle_steps.clear()  # seven rows: 7, 14, 21 -> a probe, 5 carried over, 12, 19 -> a probe, 3, ...
+    sevens = [probe_trimmed(pol, [("json", segments, 1)] * 7) != [1] * 7 for _ in range(16)]
+    assert sum(sevens) == 16 * 7 // PROBE_EVERY  # a probe every PROBE_EVERY row steps on average
     pol.idle_steps[("json", "lookup")] = PROBE_EVERY - 1
     assert probe_trimmed(pol, [("json", segments, 1), ("json", segments, 4)]) == [1, 4]  # judged by the second row
     assert pol.idle_steps[("json", "lookup")] == 0
