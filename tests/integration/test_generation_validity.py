@@ -22,6 +22,7 @@ def engine(tok):
     return ss.SpecStruct(tiny_model(tok, seed=5, peaky=0.5), tok)
 
 
+@pytest.mark.slow
 def test_generated_values_validate_on_a_corpus_sample(engine):
     files = corpus_files(limit=SAMPLE * 3, seed=7)
     compiled = complete = incomplete = 0

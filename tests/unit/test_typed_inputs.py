@@ -112,6 +112,7 @@ def test_a_verbose_regex_with_a_trailing_comment_compiles(engine):
     assert c.accepts("ab") and not c.accepts("ab\n")
 
 
+@pytest.mark.slow
 def test_a_huge_schema_is_refused_by_size_before_any_unbounded_check(engine, monkeypatch):
     """Found by probing: a 10.7 MB schema spent a minute in jsonschema's metaschema check (no time bound) before
     max_schema_bytes refused it; now the size comes first, and schemas over 256 KB skip that check."""

@@ -198,6 +198,7 @@ def test_cli_quick_on_tiny_models(tmp_path):
     assert md.read_text().startswith("| scenario |") and "Numerics of specstruct" in md.read_text()
 
 
+@pytest.mark.slow
 def test_outlines_side_runs_the_same_constraint_on_the_same_model(engines):
     engine, _ = engines
     schema = [w for w in load_workloads("json", 2) if w.kind == "schema"][:1]

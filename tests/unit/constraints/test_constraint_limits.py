@@ -213,6 +213,7 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
         os.waitpid(pid, os.WNOHANG)  # already reaped: killed, not left running
 
 
+@pytest.mark.slow
 def test_the_probe_reaches_a_loop_behind_a_long_terminal_and_remembers_a_refusal(tok):
     L.set_limits(time_s=1.0)
     grammar = 'start: X A A\nX: /[a-z]{300}/\nA: /b+/'  # 48 random short tokens never got past X

@@ -56,6 +56,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_grammar_that_loops_mid_output_fails_its_mask_within_the_limit():
     script = SCRIPT.format(loop=LOOP)
     start = time.monotonic()

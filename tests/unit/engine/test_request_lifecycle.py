@@ -57,6 +57,7 @@ def warm_engine_with_slow_steps(monkeypatch, seconds: float, max_new_tokens: int
     return engine
 
 
+@pytest.mark.slow
 def test_cancelled_requests_hold_no_queue_place(monkeypatch):
     engine = warm_engine_with_slow_steps(monkeypatch, 0.4, 8, max_batch_size=1, max_queue=1, timeout_ms=0)
     a = threading.Thread(target=engine.run, args=("A",))
@@ -87,6 +88,7 @@ def test_generate_many_starts_nothing_after_the_first_failure():
     assert len(calls) < 30  # the workers running when it failed, not the whole list
 
 
+@pytest.mark.slow
 def test_close_waits_for_the_step_under_way(monkeypatch):
     """A step still inside torch at interpreter exit aborts the process; close() waits for it instead."""
     engine = warm_engine_with_slow_steps(monkeypatch, 2.5, 4)
