@@ -140,6 +140,12 @@ class SpecConfig(BaseModel):
 
     _given_caps: frozenset[str] | None = PrivateAttr(default=None)  # the modes max_candidates was given
 
+    def __getattr__(self, name: str) -> Any:
+        if name in ENGINE_KEYS:  # code written when one config held both
+            raise AttributeError(f"SpecConfig has no {name!r}: it is how the engine is built, "
+                                 f"engine.engine_config.{name} (an EngineConfig)")
+        return super().__getattr__(name)  # type: ignore[misc]
+
     @model_validator(mode="before")
     @classmethod
     def _no_engine_keys(cls, data: Any) -> Any:

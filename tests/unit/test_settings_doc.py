@@ -30,6 +30,9 @@ def test_the_engine_keys_and_the_call_keys_do_not_overlap_and_each_is_refused_by
         EngineConfig(temperature=0.5)
     with pytest.raises(ValueError, match=r"engine_config=EngineConfig\(weights=\.\.\.\)"):
         SpecConfig(weights="q8_0")
+    with pytest.raises(AttributeError, match=r"engine\.engine_config\.device"):
+        SpecConfig().device  # noqa: B018  (read where one config held both)
+    assert not hasattr(SpecConfig(), "nonsense") and SpecConfig().max_new_tokens == 512
 
 
 @pytest.mark.parametrize("model", [EngineConfig, SpecConfig, BatchConfig])
