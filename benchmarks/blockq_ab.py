@@ -35,17 +35,16 @@ ROWS = [1, 9, 64, 235]
 
 def other_kernel(source: str | None, commit: str | None):
     """Build the other version (a distinct extension name, so both load in one process)."""
-    from torch.utils import cpp_extension
-
     if commit:
         text = subprocess.run(["git", "show", f"{commit}:{SOURCE}"], check=True, capture_output=True, text=True).stdout
         path = Path(tempfile.mkdtemp()) / "blockq_other.cpp"
         path.write_text(text)
     else:
         path = Path(source)
-    name = f"specstruct_blockq_other_{native.cpu_key(path)}"
-    return cpp_extension.load(name=name, sources=[str(path)], extra_cflags=native.CFLAGS,
-                              extra_ldflags=native.LDFLAGS, verbose=False)
+    other = native.Kernel("specstruct_blockq_other", path, "the other block-quantized kernel", "", march="native")
+    if other.load() is None:
+        raise SystemExit(other.error)
+    return other.module
 
 
 def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> quantized.QuantWeight:

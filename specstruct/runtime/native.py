@@ -11,6 +11,7 @@ says why (the numerics string names what runs).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -39,21 +40,24 @@ def cpu_key(source: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=None)  # every kernel of a process is built with the same flags: asked once
+def _features(flags: tuple[str, ...]) -> frozenset[str]:
+    """The instruction-set feature macros the compiler defines for `flags` (__AVX2__, not __znver5__)."""
+    out = subprocess.run([os.environ.get("CXX", "c++"), *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise OSError(out.stderr.strip()[:200])
+    names = {m.split()[1] for m in out.stdout.splitlines() if m.startswith("#define __") and m.split()[2:] == ["1"]}
+    return frozenset(n for n in names if n.endswith("__") and n.strip("_").isupper())
+
+
 def unsupported(flags: list[str]) -> list[str]:
     """The instruction-set features compiler `flags` (-march=...) enable that this CPU lacks, by the compiler's own
     feature macros for them and for -march=native (its code would stop the process with an illegal instruction);
     [] where they all run here, or where the compiler cannot tell."""
-    def features(march: list[str]) -> set[str]:
-        out = subprocess.run([os.environ.get("CXX", "c++"), *march, "-dM", "-E", "-x", "c++", "/dev/null"],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise OSError(out.stderr.strip()[:200])
-        names = {m.split()[1] for m in out.stdout.splitlines() if m.startswith("#define __") and m.split()[2:] == ["1"]}
-        return {n for n in names if n.endswith("__") and n.strip("_").isupper()}  # __AVX2__, not __znver5__
-
     try:
-        wanted = features(flags)
-        here = features(["-march=native"] + [f for f in flags if not f.startswith("-m")])  # the same -O, -f flags
+        wanted = _features(tuple(flags))
+        here = _features(tuple(["-march=native"] + [f for f in flags if not f.startswith("-m")]))  # same -O, -f
     except (OSError, subprocess.SubprocessError):
         return []
     return sorted(m.strip("_").lower() for m in wanted - here)
