@@ -6,12 +6,11 @@ list of thousands never overflows `max_queue`. A progress bar (tqdm) shows on lo
 
 from __future__ import annotations
 
-import inspect
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 from specstruct.api.inputs import RawPrompt
-from specstruct.config import config_hint
+from specstruct.api.signature import call_keywords, refuse_unknown
 
 
 def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, *, progress: bool = True,
@@ -23,10 +22,8 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
 
     if isinstance(prompts, (str, dict, RawPrompt)):
         raise TypeError("generate_many takes a list of prompts; for one prompt call generate, or pass [prompt]")
-    unknown = sorted(set(kwargs) - call_keywords(engine))
-    if unknown:  # before any prompt starts, not once per prompt on the worker threads
-        raise TypeError(f"generate_many() got unexpected keyword arguments {unknown}; it takes run()'s: "
-                        f"{', '.join(sorted(call_keywords(engine)))}{config_hint(unknown)}")
+    known = call_keywords(engine)  # checked before any prompt starts, not once per prompt on the worker threads
+    refuse_unknown("generate_many", kwargs, known, f"; it takes run()'s: {', '.join(sorted(known))}")
     prompts = list(prompts)
     if not prompts:
         return []
@@ -56,7 +53,3 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
     pool.shutdown()
     return [f.exception() if f.exception() is not None else f.result() for f in futures]
 
-
-def call_keywords(engine: Any) -> set[str]:
-    """The keywords every call takes (run's, shared by stream, arun and astream)."""
-    return {name for name, p in inspect.signature(engine.run).parameters.items() if p.kind is p.KEYWORD_ONLY}

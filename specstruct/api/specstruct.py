@@ -7,16 +7,14 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Generator, Iterator, Sequence, TypeVar, overload
+from typing import Any, AsyncIterator, Generator, Iterator, Sequence, TypeVar, overload
 
 import torch
 
-from specstruct.config import BatchConfig, EngineConfig, SpecConfig, config_hint, split_params
+from specstruct.config import BatchConfig, EngineConfig, SpecConfig, split_params
 from specstruct.constraints import Constraint, compile_constraint
 from specstruct.runtime.openmp import release_pool
 from specstruct.engine.core import build as build_engine
@@ -31,55 +29,11 @@ from specstruct.api.output import RETRYABLE, Ending, StreamChunks, deadline, fin
 from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
 from specstruct.api.prompt_ids import chat_ids
+from specstruct.api.signature import checked_keywords
 from specstruct.api.tool_replies import ToolReply, reply_spec
 
 T = TypeVar("T")
 Prompt = str | Sequence[dict[str, Any]] | RawPrompt
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def checked_keywords(fn: F) -> F:
-    """run / stream / arun / astream take the decoding keys they name; another SpecConfig key is refused with the
-    call that passes it (`config={...}`), not Python's bare "unexpected keyword argument". The wrapper is what
-    `fn` is (a function, a generator, a coroutine or an async generator function), so introspection still tells."""
-    named = inspect.signature(fn).parameters
-
-    def check(kwargs: dict[str, Any]) -> None:
-        unknown = sorted(k for k in kwargs if k not in named)
-        if unknown:
-            raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {unknown}{config_hint(unknown)}")
-
-    if inspect.isasyncgenfunction(fn):
-        @functools.wraps(fn)
-        async def stream(*args: Any, **kwargs: Any) -> Any:
-            check(kwargs)
-            inner = fn(*args, **kwargs)
-            try:
-                async for item in inner:
-                    yield item
-            finally:
-                await inner.aclose()  # closing this stream closes (and cancels) the inner one now
-        return stream  # type: ignore[return-value]
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def chunks(*args: Any, **kwargs: Any) -> Any:
-            check(kwargs)
-            return (yield from fn(*args, **kwargs))  # closing this one closes (and cancels) the inner one
-        return chunks  # type: ignore[return-value]
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def coroutine(*args: Any, **kwargs: Any) -> Any:
-            check(kwargs)
-            return await fn(*args, **kwargs)
-        return coroutine  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        check(kwargs)
-        return fn(*args, **kwargs)
-    return checked  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
