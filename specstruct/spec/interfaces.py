@@ -33,10 +33,13 @@ class Drafter(Protocol):
     """Proposes candidates for the target to verify. (What was accepted is learned by the Policy, not here.)"""
 
     name: str
+    reads_text: bool  # whether `propose` wants the context as text (the row keeps it, decoded incrementally)
 
-    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float) -> Draft:
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
+                text: str | None = None) -> Draft:
         """Up to k tokens continuing `context` (prompt + committed tokens). `constraint` is a fork positioned
-        at the end of `context`; the drafter advances it over what it proposes."""
+        at the end of `context`; the drafter advances it over what it proposes. `text`: `context` decoded, given
+        to drafters that read text (a drafter decodes `context` itself when it is None)."""
         ...
 
 

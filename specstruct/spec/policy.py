@@ -6,6 +6,11 @@ step, c * T(1). With acceptance a and k drafted tokens a step yields on average 
 tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
 when the best k beats k = 0; free drafters (forced text, prompt lookup) cost only the extra verification rows.
 
+Prompt lookup is judged differently: its first token is a guess (did the text written last recur where the
+output copies from?) and the tokens after an accepted first one are a copy, right far more often. It keeps two
+rates, the first token's p and the copy's a, and proposes the k that maximises (1 + p * E(a, k - 1)) / (T(k+1)/T(1)):
+with verification rows nearly free, a copy runs to the cap unless its guesses almost never land.
+
 That model leaves out what the free drafters would have proposed anyway and the draft's own reading of the prompt,
 so the draft model must also beat them as measured: per output mode, the seconds per output token of a lone row's
 steps with the draft model (its prompt reading included) and without it (free drafters only). The draft runs first
@@ -25,6 +30,7 @@ from specstruct.spec.interfaces import Plan
 EMA = 0.3  # weight of the newest observation in the moving averages
 PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 on 2 AVX2 cores)
 PRIOR_DRAFT_COST = 0.4  # prior draft/target step-cost ratio (0.5B vs 1.5B Qwen)
+PRIOR_LOOKUP = (0.5, 0.8)  # prompt lookup's rates before any are measured: its first token, the copy after it
 GROW = 2  # draft length added after a step whose draft was accepted whole
 PROBE_EVERY = 16  # steps between single-token probes of a drafter the cost model switched off
 ARM_TOKENS = 24  # output tokens measured with and without the draft model before the policy compares them
@@ -61,6 +67,7 @@ class AdaptivePolicy:
         self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
         self.draft_cost: float | None = None  # EMA seconds of one draft-model step
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
+        self.lookup: dict[Mode, tuple[float, float]] = {}  # mode -> prompt lookup's (first-token, copy) rates
         # (mode, with the draft model) -> decayed (seconds, output tokens) of a lone row's steps; tokens measured
         self.arms: dict[tuple[Mode, bool], tuple[float, float]] = {}
         self.arm_tokens: dict[tuple[Mode, bool], int] = defaultdict(int)
@@ -85,12 +92,15 @@ class AdaptivePolicy:
 
     def _limit(self, mode: Mode, name: str, cap: int, cfg: SpecConfig) -> int:
         key = (mode, name)
-        k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
-        if name == "model" and self.use_timing and not self._model_arm(mode):
-            return 0
-        if name != "model" or k == 0 or not self.costs_measured():
-            return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
-        best = self.best_k(mode, k, cfg.adaptive_threshold)
+        if name == "lookup":
+            best = self.lookup_k(mode, cap)
+        else:
+            k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
+            if name == "model" and self.use_timing and not self._model_arm(mode):
+                return 0
+            if name != "model" or k == 0 or not self.costs_measured():
+                return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
+            best = self.best_k(mode, k, cfg.adaptive_threshold)
         if best == 0:
             self.idle_steps[key] += 1
             if self.idle_steps[key] >= PROBE_EVERY:  # re-measure acceptance now and then
@@ -109,6 +119,20 @@ class AdaptivePolicy:
         for k in range(1, k_max + 1):
             rate = expected_tokens(a, k) / (k * c + self.verify_ratio(k + 1))
             if rate > best_rate * 1.02:  # ask for a clear gain, not noise
+                best, best_rate = k, rate
+        return best
+
+    def lookup_rates(self, mode: Mode) -> tuple[float, float]:
+        """Prompt lookup's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
+        return self.lookup.get(mode, PRIOR_LOOKUP)
+
+    def lookup_k(self, mode: Mode, k_max: int) -> int:
+        """The prompt lookup length in 0..k_max that maximises expected tokens per unit of pass time."""
+        p, a = self.lookup_rates(mode)
+        best, best_rate = 0, 1.0
+        for k in range(1, k_max + 1):
+            rate = (1.0 + p * expected_tokens(a, k - 1)) / self.verify_ratio(k + 1)
+            if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
 
@@ -182,7 +206,13 @@ class AdaptivePolicy:
         prior = self.rate[key] if self.rate[key] is not None else cfg.adaptive_threshold
         rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
-        if drafter == "forced":
+        if drafter == "lookup":
+            p, a = self.lookup_rates(mode)
+            p = _ema(p, float(accepted > 0))
+            if accepted and proposed > 1:
+                a = _ema(a, (accepted - 1) / (proposed - 1))
+            self.lookup[mode] = (p, a)
+        if drafter in ("forced", "lookup"):
             return
         cap = cfg.cap(mode)
         k = self.k.get(key, cfg.initial_candidates)

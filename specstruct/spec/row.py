@@ -18,7 +18,7 @@ from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from specstruct.spec.interfaces import Constraint
 from specstruct.spec.policy import AdaptivePolicy
-from specstruct.spec.stops import StopScanner
+from specstruct.spec.stops import IncrementalText, StopScanner
 from specstruct.spec.verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
 
@@ -62,6 +62,7 @@ class Row:
         self.constraint = _Timed(constraint, self.stats)
         self.token_ids: list[int] = []
         self._stops: StopScanner | None = None  # made at the first stop check
+        self._text: IncrementalText | None = None  # prompt + committed tokens as text, made when a drafter reads it
         self.finish_reason = "length"
         self.error: BaseException | None = None
         self.finished = False
@@ -188,13 +189,27 @@ class Row:
             room = min(plan.limits.get(name, 0), budget - len(step.cands))
             if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
-            d = self.speculator.drafters[name].propose(context + step.cands, step.fork, room, self.config.temperature)
+            drafter = self.speculator.drafters[name]
+            text = self._context_text(step.cands) if getattr(drafter, "reads_text", False) else None
+            d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text)
             step.add(name, d.tokens, d.q)
         step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
         if step.cands and step.cands[-1] in self.speculator.eos:
             step.model_room = 0
         self.stats.draft_time_s += time.perf_counter() - t0
         return step
+
+    def _context_text(self, candidates: list[int]) -> str:
+        """The prompt, the committed tokens and `candidates` as text. The committed part is decoded incrementally
+        (each token a bounded number of times, however long the output); the candidates, a few tokens, afresh."""
+        decode = self.speculator.tokenizer.decode
+        if self._text is None:
+            self._text = IncrementalText(decode)
+            self._text.push(self.prompt)
+        done = len(self._text.ids) - len(self.prompt)
+        if done < len(self.token_ids):
+            self._text.push(self.token_ids[done:])
+        return self._text.text + (decode(candidates) if candidates else "")
 
     def masks(self, step: "Step") -> list[torch.Tensor]:
         fork = self.constraint.fork()
@@ -288,6 +303,10 @@ class Step:
         """Per candidate, its drafter's acceptance rate as the policy measured it (`default` before it has)."""
         out: list[float] = []
         for name, count in self.segments:
+            if name == "lookup":  # a guess, then a copy
+                first, copy = policy.lookup_rates(mode)
+                out += [first] + [copy] * (count - 1)
+                continue
             rate = policy.rate[(mode, name)]
             out += [default if rate is None else rate] * count
         return out

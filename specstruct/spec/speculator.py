@@ -42,7 +42,7 @@ class Speculator:
         self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter()}
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter(tokenizer)}
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))

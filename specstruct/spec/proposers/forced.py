@@ -14,12 +14,14 @@ from specstruct.spec.interfaces import Constraint, Draft
 
 class ForcedTextDrafter:
     name = "forced"
+    reads_text = False
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._cache: dict[str, list[int]] = {}
 
-    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float) -> Draft:
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
+                text: str | None = None) -> Draft:
         text = constraint.forced_text()
         if not text or k <= 0:
             return Draft([], source=self.name)

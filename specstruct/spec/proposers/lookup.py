@@ -1,6 +1,10 @@
-"""Prompt lookup: extraction copies spans of its input, so when the last few generated tokens also occur earlier
-in the context, propose what followed them there (Saxena 2023, "prompt lookup decoding"), filtered by the
-constraint."""
+"""Prompt lookup: extraction copies spans of its input, so when the text written last also occurs earlier in the
+context, propose what followed it there (Saxena 2023, "prompt lookup decoding"), filtered by the constraint.
+
+It matches *text*, not token ids: a value the prompt holds as ` Northwind` (one token after a space) is written as
+`"North` + `wind` inside a JSON string, and no token n-gram of the output occurs in the prompt. The longest suffix of
+the context's text that occurs earlier (most recent occurrence) wins; what followed it is tokenized afresh.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +12,53 @@ from typing import Sequence
 
 from specstruct.spec.interfaces import Constraint, Draft
 
+STRUCTURE = '"{}[],:'  # JSON's punctuation: a match's text after the last of these is the value being written
+MAX_SUFFIX = 64  # characters of the context's end tried as the match (the longest that occurs earlier wins)
+CHARS_PER_TOKEN = 6  # continuation characters tokenized per requested token (plus a few)
+
+
+def longest_earlier(text: str, limit: int = MAX_SUFFIX) -> tuple[int, int]:
+    """(length, end) of the longest suffix of `text` (at most `limit` characters) that also occurs ending before
+    the end of `text`, and where its most recent such occurrence ends; (0, 0) when not even the last character
+    does. Binary search: a suffix that occurs earlier has every shorter suffix occurring earlier too."""
+    lo, hi, end = 0, min(limit, len(text) - 1), 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        at = text.rfind(text[-mid:], 0, len(text) - 1)
+        if at >= 0:
+            lo, end = mid, at + mid
+        else:
+            hi = mid - 1
+    return lo, end
+
+
+def _holds_value(match: str) -> bool:
+    """Whether a JSON match holds a letter or digit after its last structural character."""
+    tail = match[max(match.rfind(c) for c in STRUCTURE) + 1 :]
+    return any(c.isalnum() for c in tail)
+
 
 class PromptLookupDrafter:
     name = "lookup"
+    reads_text = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
-    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float) -> Draft:
-        ctx = list(context)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(ctx) <= n:
-                continue
-            suffix = ctx[-n:]
-            # the most recent earlier occurrence of the suffix, continuation taken from after it
-            for start in range(len(ctx) - n - 1, -1, -1):
-                if ctx[start : start + n] == suffix:
-                    cont = ctx[start + n : start + n + k]
-                    m = constraint.advance(cont)
-                    if m:
-                        return Draft(cont[:m], source=self.name)
-                    break  # the freshest match is illegal here; shorter n-grams may still help
-        return Draft([], source=self.name)
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
+                text: str | None = None) -> Draft:
+        if k <= 0 or not context:
+            return Draft([], source=self.name)
+        if text is None:
+            text = self.tokenizer.decode(list(context))
+        length, end = longest_earlier(text)
+        if not length or (constraint.mode == "json" and not _holds_value(text[len(text) - length :])):
+            return Draft([], source=self.name)
+        span = CHARS_PER_TOKEN * k + 8
+        follow = text[end : end + span]
+        ids = self.tokenizer.encode(follow, add_special_tokens=False)
+        if end + span < len(text) and len(ids) > 1:
+            ids = ids[:-1]  # the span may end inside a word: its last token is a fragment
+        ids = ids[:k]
+        n = constraint.advance(ids)
+        return Draft(list(ids[:n]), source=self.name)

@@ -1,0 +1,105 @@
+"""Prompt lookup on text (proposers/lookup.py) and its length in the policy, with the tests' real BPE tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specstruct.config import SpecConfig
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.spec.policy import PROBE_EVERY, AdaptivePolicy
+from specstruct.spec.proposers.lookup import PromptLookupDrafter, longest_earlier
+
+PROMPT = "Extract the person: Northwind Traders hired Erik Lindqvist, 31, a marine biologist from Gothenburg.\n"
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+          "required": ["name", "city"]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("abcXabc", (3, 3)),  # the whole repeat
+    ("abcabcabc", (6, 6)),  # overlapping occurrences: the longest suffix that ends before the end
+    ("xyz", (0, 0)),
+    ("a", (0, 0)),
+    ("", (0, 0)),
+    ("ab1 cab1 zab", (2, 7)),  # "zab" never occurred: "ab", most recent occurrence
+])
+def test_longest_earlier(text, expected):
+    length, end = longest_earlier(text)
+    assert (length, end) == expected
+    if length:
+        assert text[end - length : end] == text[-length:] and end < len(text)
+
+
+def test_longest_earlier_is_the_brute_force_answer():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice("ab c") for _ in range(rng.randrange(1, 40)))
+        brute = max((n for n in range(1, len(text)) if text.rfind(text[-n:], 0, len(text) - 1) >= 0), default=0)
+        length, end = longest_earlier(text)
+        assert length == brute
+        if length:
+            assert end == text.rfind(text[-length:], 0, len(text) - 1) + length
+
+
+def _json(tok):
+    return compile_constraint(ConstraintSpec("json", json.dumps(SCHEMA), "json"), tok, vocab_size=len(tok),
+                              eos_token_ids=[tok.eos_token_id])
+
+
+def _propose(tok, written: str, k: int = 8) -> str:
+    """What the lookup proposes after the prompt and `written` (a JSON prefix the constraint has accepted)."""
+    constraint = _json(tok)
+    ids = tok.encode(written, add_special_tokens=False)
+    assert constraint.advance(ids) == len(ids)
+    draft = PromptLookupDrafter(tok).propose(tok.encode(PROMPT, add_special_tokens=False) + ids, constraint, k, 0.0)
+    assert draft.source == "lookup" and len(draft.tokens) <= k
+    return tok.decode(draft.tokens)
+
+
+def test_copies_across_a_different_tokenization(tok):
+    # the prompt holds " Lindqvist" after a space; inside the JSON string the name starts after a quote, so the
+    # output's tokens differ from the prompt's: the text still matches and the rest of the name is proposed
+    got = _propose(tok, '{"name": "Erik L')
+    assert got.startswith("indqvist")
+
+
+def test_no_guess_at_the_start_of_a_json_value(tok):
+    # `"city": "` ends in structure: what followed an earlier `": "` is not this value
+    assert _propose(tok, '{"name": "Erik Lindqvist", "city": "') == ""
+
+
+def test_proposals_stay_legal_and_within_k(tok):
+    assert _propose(tok, '{"name": "Erik Lindqvist, 3', k=2) in ("1", "1,", "1, ")[: 3]
+    assert len(tok.encode(_propose(tok, '{"name": "North', k=3), add_special_tokens=False)) <= 3
+
+
+def test_lookup_length_follows_its_two_rates():
+    pol = AdaptivePolicy(SpecConfig(), {"forced", "lookup"})
+    assert pol.plan("json").limits["lookup"] >= 4  # the prior rates and row cost: a long copy
+    for rows in range(1, 10):
+        pol.observe_cost("target", rows, 1.0 + 0.03 * (rows - 1))  # rows nearly free, as measured on a CPU
+    for _ in range(20):
+        pol.observe("json", "lookup", 1, 0)  # every first token wrong
+    first, copy = pol.lookup_rates("json")
+    assert first < 0.01 and copy == 0.8  # no copy was judged
+    limits = [pol.plan("json").limits.get("lookup", 0) for _ in range(2 * PROBE_EVERY)]
+    assert limits.count(0) >= 2 * PROBE_EVERY - 2 and 1 in limits  # off, probed now and then
+    for _ in range(20):
+        pol.observe("json", "lookup", 6, 5)  # copies right up to the value's end
+    assert pol.lookup_rates("json")[0] > 0.99 and pol.plan("json").limits["lookup"] >= 6
+    assert pol.lookup_rates("code") == pol.lookup_rates("text")  # per mode
+
+
+def test_lookup_candidates_are_valued_as_a_guess_then_a_copy():
+    from specstruct.spec.row import Step
+
+    pol = AdaptivePolicy(SpecConfig(), {"forced", "lookup"})
+    pol.lookup["json"] = (0.3, 0.9)
+    step = Step(None, 8, 0)
+    step.add("forced", [1, 2], None)
+    step.add("lookup", [3, 4, 5], None)
+    assert step.rates(pol, "json", 0.7) == [0.7, 0.7, 0.3, 0.9, 0.9]
