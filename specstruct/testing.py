@@ -120,7 +120,7 @@ class ScriptedRuntime:
     def sequence(self) -> "_ScriptedSequence":
         return _ScriptedSequence()
 
-    def forward(self, segments, keep) -> list[torch.Tensor]:
+    def forward(self, segments, keep, masks=None) -> list[torch.Tensor]:
         """Each segment's last keep[i] rows; a sequence's first row with logits is the end of its prompt."""
         out = []
         for (seq, ids), want in zip(segments, keep):

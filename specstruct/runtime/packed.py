@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from specstruct.runtime import native
+from specstruct.runtime import native, sparse_head
 
 ATTN_NAME = "specstruct_rowwise"
 ATTENTIONS = ("cpp", "torch")
@@ -195,11 +195,12 @@ def use_packed_attention(model: torch.nn.Module) -> str:
 
 @torch.inference_mode()
 def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, Sequence[int]]],
-                   keep: Sequence[int]) -> list[torch.Tensor]:
+                   keep: Sequence[int], masks: Sequence[Sequence[torch.Tensor] | None] | None = None) -> list[torch.Tensor]:
     """Run every (sequence, new tokens) segment in one pass; each sequence's cache grows by its tokens.
 
     `keep[i]` is how many of segment i's last positions need logits (0: none, e.g. a prefill chunk that is not
-    the last). Returns per segment logits [keep[i], vocab] (float32)."""
+    the last). Returns per segment logits [keep[i], vocab] (float32). `masks[i]`, when given, holds the bool mask
+    [vocab] of each of those positions: logits it excludes may be -inf (sparse_head.py)."""
     device = next(model.parameters()).device
     ids: list[int] = []
     positions: list[int] = []
@@ -215,14 +216,16 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
         return [torch.empty(0) for _ in segments]
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
     _local.layout, _local.attention = layout, getattr(model, "_specstruct_attention", None)
+    kept = None if masks is None else [m for seg, want in zip(masks, keep) for m in (seg or [None] * want)]
     try:
-        out = model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-            position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-            attention_mask={t: None for t in layer_types},  # no masks: attention reads the layout
-            use_cache=False,
-            logits_to_keep=torch.tensor(rows or [0], dtype=torch.long, device=device),
-        )
+        with sparse_head.during(model, kept):
+            out = model(
+                input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+                attention_mask={t: None for t in layer_types},  # no masks: attention reads the layout
+                use_cache=False,
+                logits_to_keep=torch.tensor(rows or [0], dtype=torch.long, device=device),
+            )
     finally:
         _local.layout = _local.attention = None
     for seq, toks in segments:

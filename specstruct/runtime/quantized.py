@@ -201,6 +201,13 @@ class QuantWeight:
                                                    self.submins, self.out_features, f.group, f.bits, f.zero, f.gps,
                                                    bias)
 
+    def linear_panels(self, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
+        """x [M, in] float32 -> [M, PANEL * len(panels)]: only those panels' outputs, bitwise as `linear` gives them
+        (no bias; a last partial panel's extra columns undefined)."""
+        f = self.fmt
+        return kernel().linear_panels(x, self.packed, self.scales, self.mins, self.subscales, self.submins,
+                                      self.out_features, f.group, f.bits, f.zero, f.gps, panels)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
         f = self.fmt

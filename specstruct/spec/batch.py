@@ -289,20 +289,22 @@ class BatchDecoder:
         return set(jobs)
 
     def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
-        segs, keep = [], []
+        segs, keep, row_masks = [], [], []
         for r in verifying:
             feed = [r.token_ids[-1]] + steps[id(r)].cands
             segs.append((r.kv, feed))
             keep.append(len(feed))
+            row_masks.append(masks[id(r)])  # the target needs only the logits each position's mask allows
         for r, c in chunks:
             segs.append((r.kv, c))
             keep.append(1 if r.prefilled + len(c) == r.fill_to and not r.token_ids else 0)  # a re-prefill: none
+            row_masks.append(None)
         if not segs:
             return
         members = verifying + [r for r, _ in chunks]
         t0 = time.perf_counter()
         try:
-            logits = self.speculator.target.forward(segs, keep)
+            logits = self.speculator.target.forward(segs, keep, row_masks)
         except Exception as err:  # every row in the pass has a half-written cache now
             for r in members:
                 self._fail(r, err)

@@ -88,7 +88,9 @@ class Runtime(Protocol[S]):
         """A new, empty sequence."""
         ...
 
-    def forward(self, segments: Sequence[tuple[S, Sequence[int]]], keep: Sequence[int]) -> "list[torch.Tensor]":
+    def forward(self, segments: Sequence[tuple[S, Sequence[int]]], keep: Sequence[int],
+                masks: "Sequence[Sequence[torch.Tensor] | None] | None" = None) -> "list[torch.Tensor]":
         """One pass appending each segment's tokens to its sequence; logits [keep[i], vocab] of each segment's
-        last keep[i] tokens."""
+        last keep[i] tokens. `masks[i]`, when given, holds the constraint's bool mask of each of those positions:
+        logits a mask excludes need not be computed (they may be -inf)."""
         ...

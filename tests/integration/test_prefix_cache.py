@@ -50,8 +50,8 @@ def _prefill(spec, tok, ids, *, cached):
     rt, outputs = spec.target, []
     forward = rt.forward
 
-    def spy(segments, keep):
-        out = forward(segments, keep)
+    def spy(segments, keep, masks=None):
+        out = forward(segments, keep, masks)
         outputs.append(out[0][-1].clone())
         return out
 

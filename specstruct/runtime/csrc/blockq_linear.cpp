@@ -520,15 +520,31 @@ static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N
 
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
 // (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
+// With `panels` (int64 panel indices), only those panels' outputs: y [M, 16 * len(panels)], panel i's 16 outputs
+// in columns 16i.. (a last partial panel's extra columns undefined). Each panel is computed as in the whole product,
+// so its outputs are bitwise the same.
 static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& scales,
                              const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
-                             const c10::optional<torch::Tensor>& submins, int64_t N, const Format& f, bool vector) {
+                             const c10::optional<torch::Tensor>& submins, int64_t N, const Format& f, bool vector,
+                             const c10::optional<torch::Tensor>& panels = c10::nullopt) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && !x_in.is_cuda(), "x: 2-D float32 on the CPU");
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), ng = K / f.G, P = packed.size(0);
   check_packed(f, packed, N, K);
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
-  torch::Tensor y = torch::empty({M, N}, x.options());
+  torch::Tensor chosen;
+  const int64_t* pick_panel = nullptr;
+  int64_t count = P;
+  if (panels.has_value()) {
+    chosen = panels->to(at::kLong).contiguous();
+    TORCH_CHECK(chosen.dim() == 1, "panels: a 1-D list of panel indices");
+    pick_panel = chosen.data_ptr<int64_t>();
+    count = chosen.numel();
+    for (int64_t i = 0; i < count; ++i)
+      TORCH_CHECK(pick_panel[i] >= 0 && pick_panel[i] < P, "panel ", pick_panel[i], " out of range [0, ", P, ")");
+  }
+  const int64_t ldy = pick_panel ? count * NO : N;
+  torch::Tensor y = torch::empty({M, ldy}, x.options());
   if (M == 0) return y;
   std::vector<int32_t> words((M * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
   int8_t* const qd = reinterpret_cast<int8_t*>(words.data());
@@ -543,8 +559,9 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
 #ifdef SPECSTRUCT_VECTOR
   const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
+  at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t p = pick_panel ? pick_panel[i] : i;
       const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
       const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
       for (int64_t r = 0; r < M; r += even) {
@@ -554,11 +571,11 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
 #ifdef SPECSTRUCT_VECTOR
         if (fn) {
           fn(R, w, sc, f.gps, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
-             yd + r * N + p * NO, N, ncols);
+             yd + r * ldy + i * NO, ldy, ncols);
           continue;
         }
 #endif
-        panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * N + p * NO, N,
+        panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * ldy + i * NO, ldy,
                      ncols);
       }
     }
@@ -573,6 +590,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   torch::Tensor y = product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), true);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
+}
+
+// Only some panels' outputs (`product`'s `panels`): the LM head where a constraint allows few tokens.
+torch::Tensor linear_panels(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                            const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
+                            const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits,
+                            int64_t zero, int64_t gps, const torch::Tensor& panels) {
+  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), true, panels);
 }
 
 // The same product on the scalar path, whatever the CPU (tests compare the two bitwise).
@@ -621,6 +646,8 @@ torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL, as torch's own ops: other Python threads (a server's event loop) run while a layer computes.
   m.def("linear", &linear, "y = x W^T (+ b) on block-quantized weights, each row's result independent of the others",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_panels", &linear_panels, "linear's outputs of some 16-output panels only (bitwise the same)",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_scalar", &linear_scalar, "linear's computation on the portable path (bitwise the same)",
         py::call_guard<py::gil_scoped_release>());

@@ -8,9 +8,10 @@ the context's text that occurs earlier (most recent occurrence) wins; what follo
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from specstruct.spec.interfaces import Constraint, Draft
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Draft
 
 STRUCTURE = '"{}[],:'  # JSON's punctuation: a match's text after the last of these is the value being written
 MAX_SUFFIX = 64  # characters of the context's end tried as the match (the longest that occurs earlier wins)
@@ -42,7 +43,7 @@ class PromptLookupDrafter:
     name = "lookup"
     reads_text = True
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,

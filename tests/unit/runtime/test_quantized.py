@@ -90,6 +90,27 @@ def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
     assert torch.equal(scalar, every)  # the portable path: the same float operations in the same order
 
 
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_some_panels_alone_are_the_same_bits_as_in_the_whole_product(ext, name, shape):
+    weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=2), *shape)
+    torch.manual_seed(2)
+    x = torch.randn(11, shape[1])
+    every = weight.linear(x)
+    last = (shape[0] - 1) // quantized.PANEL
+    for chosen in ([last], [0], list(range(last + 1)), [last, 0, last]):  # a partial panel, any order, repeats
+        panels = torch.tensor(chosen)
+        cols = (panels[:, None] * quantized.PANEL + torch.arange(quantized.PANEL)).flatten()
+        valid = cols < shape[0]
+        for rows in (x[:1], x[3:5], x):
+            got = weight.linear_panels(rows, panels)
+            assert got.shape == (len(rows), quantized.PANEL * len(chosen))
+            assert torch.equal(got[:, valid], weight.linear(rows)[:, cols[valid]])
+        assert torch.equal(weight.linear_panels(x, panels)[:, valid], every[:, cols[valid]])
+    with pytest.raises(RuntimeError, match="out of range"):
+        weight.linear_panels(x, torch.tensor([last + 1]))
+
+
 def test_float_weights_round_to_q8_0_as_gguf_does(ext):
     torch.manual_seed(2)
     w = torch.randn(48, 256)
