@@ -103,3 +103,18 @@ def test_lookup_candidates_are_valued_as_a_guess_then_a_copy():
     step.add("forced", [1, 2], None)
     step.add("lookup", [3, 4, 5], None)
     assert step.rates(pol, "json", 0.7) == [0.7, 0.7, 0.3, 0.9, 0.9]
+
+
+def test_outside_json_a_match_needs_a_few_characters(tok):
+    from specstruct.spec.proposers.lookup import MIN_MATCH
+
+    free = compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=len(tok),
+                              eos_token_ids=[tok.eos_token_id])
+    drafter = PromptLookupDrafter(tok)
+
+    def propose(written: str) -> str:
+        ids = tok.encode(PROMPT + written, add_special_tokens=False)
+        return tok.decode(drafter.propose(ids, free.fork(), 4, 0.0).tokens)
+
+    assert propose("So Go") == ""  # "Go" (and " Go") occurred, but fewer than MIN_MATCH characters match
+    assert MIN_MATCH <= len(" Gothe") and propose("So Gothe").startswith("nbur")
