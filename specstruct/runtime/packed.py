@@ -216,7 +216,11 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
         return [torch.empty(0) for _ in segments]
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
     _local.layout, _local.attention = layout, getattr(model, "_specstruct_attention", None)
-    kept = None if masks is None else [m for seg, want in zip(masks, keep) for m in (seg or [None] * want)]
+    kept = None
+    if masks is not None:
+        if any(seg is not None and len(seg) != want for seg, want in zip(masks, keep)):
+            raise ValueError("forward_packed: a segment's masks must number its kept positions (keep[i])")
+        kept = [m for seg, want in zip(masks, keep) for m in (seg if seg is not None else [None] * want)]
     try:
         with sparse_head.during(model, kept):
             out = model(

@@ -4,9 +4,10 @@ bytes on the 1.5B target -- need not all be read.
 
 The block-quantized kernel computes each 16-output panel on its own, in the same order whatever else it computes
 (`linear_panels`), so a panel's logits are bitwise the ones the whole head gives: the target's masked argmax and
-its masked distribution do not change. A row whose mask allows more than SPARSE_TOKENS tokens gets the whole
-head, as does every row when the sparse rows together need more than a quarter of the panels. Logits a row's mask
-excludes are -inf (every consumer masks them). Rows without a mask (prefill) get the whole head.
+its masked distribution do not change. A row reads only some panels when its mask's tokens lie in at most
+MAX_SHARE of them, and the pass does when those rows' panels together do; other rows, rows without a mask
+(prefill) and masks of another length read the whole head. A sparse row's logits outside the panels it reads are
+-inf (or what a model's soft-capping makes of it; inside them every logit is real): every consumer masks them.
 
 `during(model, masks)` applies it to one forward: the head module's forward is replaced for the call, so the model's
 own code runs unchanged around it (the slice of kept positions before, any soft-capping after).
@@ -21,33 +22,47 @@ import torch
 
 from specstruct.runtime.quantized import PANEL, QuantLinear
 
-SPARSE_TOKENS = 2048  # a row whose mask allows at most this many tokens reads only their panels
-MAX_SHARE = 0.25  # above this share of the head's panels the whole head is read
+MAX_SHARE = 0.25  # a row reads only some panels when its tokens lie in at most this share of them (and so must the pass's)
 
 
-def plan(masks: Sequence[torch.Tensor | None], vocab: int, panel: int = PANEL) -> tuple[list[int], torch.Tensor] | None:
+def _panels(mask: torch.Tensor) -> torch.Tensor:
+    """bool [panels]: whether each 16-output panel holds a token `mask` allows (a last partial panel padded)."""
+    if mask.numel() % PANEL:
+        mask = torch.cat([mask, mask.new_zeros(PANEL - mask.numel() % PANEL)])
+    try:
+        words = mask.contiguous().view(torch.int64).view(-1, PANEL // 8)  # 16 bools: two words, or-ed
+    except RuntimeError:  # storage not aligned for a word view
+        return mask.reshape(-1, PANEL).any(1)
+    return (words[:, 0] | words[:, 1]).ne(0)
+
+
+def plan(masks: Sequence[torch.Tensor | None], vocab: int) -> tuple[list[int], torch.Tensor] | None:
     """(the rows that read only some panels, those panels' indices), or None when every row reads the whole head.
-    `masks` holds, per kept position, its bool mask [vocab] or None."""
-    narrow = [(i, m) for i, m in enumerate(masks) if m is not None and int(m.sum()) <= SPARSE_TOKENS]
-    if not narrow:
+    `masks` holds, per kept position, its bool mask [vocab] or None. A few word operations per mask: it runs on
+    every pass."""
+    assert PANEL == 16
+    limit = int(MAX_SHARE * -(-vocab // PANEL))
+    rows: list[int] = []
+    union: torch.Tensor | None = None
+    for i, m in enumerate(masks):
+        if m is None or m.dtype != torch.bool or m.numel() != vocab:
+            continue  # no mask (prefill) or not one of this head's: the whole head
+        panels = _panels(m)
+        if int(panels.sum()) > limit:
+            continue
+        rows.append(i)
+        union = panels if union is None else union | panels
+    if union is None:
         return None
-    sparse = [i for i, _ in narrow]
-    union = torch.stack([m for _, m in narrow]).any(0)
-    panels = -(-vocab // panel)
-    padded = torch.zeros(panels * panel, dtype=torch.bool)
-    padded[: union.numel()] = union
-    chosen = padded.view(panels, panel).any(1).nonzero().flatten()
-    if chosen.numel() > MAX_SHARE * panels:
-        return None
-    return sparse, chosen
+    chosen = union.nonzero().flatten()
+    return None if chosen.numel() > limit else (rows, chosen)
 
 
-def head_forward(head: QuantLinear, sparse: list[int], panels: torch.Tensor,
-                 panel: int = PANEL) -> Callable[[torch.Tensor], torch.Tensor]:
+def head_forward(head: QuantLinear, sparse: list[int], panels: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A forward for `head` computing rows `sparse` (of the flattened input) over `panels` only."""
     vocab, bias = head.out_features, head.bias
     assert bias is None or isinstance(bias, torch.Tensor)
-    cols = (panels[:, None] * panel + torch.arange(panel)).flatten()
+    cols = (panels[:, None] * PANEL + torch.arange(PANEL)).flatten()
     valid = cols < vocab
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -61,9 +76,9 @@ def head_forward(head: QuantLinear, sparse: list[int], panels: torch.Tensor,
         part = head.qweight.linear_panels(h[sparse], panels)[:, valid]
         if bias is not None:
             part = part + bias[cols[valid]]
-        rows = torch.full((len(sparse), vocab), float("-inf"))
-        rows[:, cols[valid]] = part
-        y[sparse] = rows
+        at = torch.tensor(sparse)
+        y.index_fill_(0, at, float("-inf"))
+        y[at[:, None], cols[valid]] = part
         return y.view(*x.shape[:-1], vocab)
 
     return forward

@@ -201,15 +201,14 @@ class Row:
 
     def _context_text(self, candidates: list[int]) -> str:
         """The prompt, the committed tokens and `candidates` as text. The committed part is decoded incrementally
-        (each token a bounded number of times, however long the output); the candidates, a few tokens, afresh."""
-        decode = self.speculator.tokenizer.decode
+        (each token a bounded number of times, however long the output), the last few and the candidates with it."""
         if self._text is None:
-            self._text = IncrementalText(decode)
+            self._text = IncrementalText(self.speculator.tokenizer.decode)
             self._text.push(self.prompt)
         done = len(self._text.ids) - len(self.prompt)
         if done < len(self.token_ids):
             self._text.push(self.token_ids[done:])
-        return self._text.text + (decode(candidates) if candidates else "")
+        return self._text.peek(candidates)
 
     def masks(self, step: "Step") -> list[torch.Tensor]:
         fork = self.constraint.fork()

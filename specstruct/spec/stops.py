@@ -95,6 +95,14 @@ class IncrementalText:
         return delta
 
 
+    def peek(self, more: Sequence[int]) -> str:
+        """The text of the ids pushed so far and `more`, pushing nothing: ids still waiting to complete a character
+        included, decoded from the same earlier token as `push` (so a tokenizer's leading-space rule holds)."""
+        before = self.decode(self.ids[self._prefix : self._read])
+        after = self.decode(self.ids[self._prefix :] + list(more))
+        return self.text + after[len(before) :]
+
+
 class StopScanner:
     """The first stop string (code mode: also the closing fence) in an output that grows token by token. `push`
     gives the token a one-token-at-a-time search of the whole text would stop at. Each new character is checked once

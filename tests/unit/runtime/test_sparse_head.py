@@ -30,18 +30,16 @@ def _mask(vocab: int, allowed) -> torch.Tensor:
     return m
 
 
-@pytest.fixture(autouse=True)
-def _small_vocab(monkeypatch):
-    monkeypatch.setattr(sparse_head, "SPARSE_TOKENS", 100)  # the tiny vocabulary: a wide mask allows > 100 tokens
-
-
 def test_plan_reads_the_panels_of_narrow_masks_only():
     vocab = 400  # 25 panels of 16
     narrow, wide = _mask(vocab, [3, 40, 399]), torch.ones(vocab, dtype=torch.bool)
     rows, panels = sparse_head.plan([narrow, None, wide, _mask(vocab, [41])], vocab)
     assert rows == [0, 3] and panels.tolist() == [0, 2, 24]
     assert sparse_head.plan([None, wide], vocab) is None  # nothing narrow
-    assert sparse_head.plan([_mask(vocab, range(0, vocab, 16))], vocab) is None  # narrow, but in every panel
+    assert sparse_head.plan([_mask(vocab, range(0, vocab, 16))], vocab) is None  # few tokens, but in every panel
+    assert sparse_head.plan([_mask(vocab + 1, [3])], vocab) is None  # not this head's mask: the whole head
+    odd = sparse_head.plan([_mask(401, [400])], 401)  # a last partial panel
+    assert odd is not None and odd[1].tolist() == [25]
 
 
 def test_masked_rows_get_the_whole_heads_bits_where_allowed(loaded, tok):
@@ -52,6 +50,8 @@ def test_masked_rows_get_the_whole_heads_bits_where_allowed(loaded, tok):
     want = forward_packed(loaded, [(a, ids[:5]), (a.__class__(loaded.config), ids[:3])], [3, 1])
     masks = [[_mask(vocab, [1, 2, 300]), None, torch.ones(vocab, dtype=torch.bool)], None]
     got = forward_packed(loaded, [(b, ids[:5]), (b.__class__(loaded.config), ids[:3])], [3, 1], masks)
+    with pytest.raises(ValueError, match="kept positions"):
+        forward_packed(loaded, [(b.__class__(loaded.config), ids[:3])], [3], [masks[0][:2]])
     read = torch.cat([torch.arange(0, 16), torch.arange(288, 304)])  # the panels of tokens 1, 2 and 300
     assert torch.equal(got[0][0][read], want[0][0][read])
     others = torch.ones(vocab, dtype=torch.bool)

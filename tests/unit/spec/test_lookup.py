@@ -72,9 +72,17 @@ def test_no_guess_at_the_start_of_a_json_value(tok):
     assert _propose(tok, '{"name": "Erik Lindqvist", "city": "') == ""
 
 
-def test_proposals_stay_legal_and_within_k(tok):
-    assert _propose(tok, '{"name": "Erik Lindqvist, 3', k=2) in ("1", "1,", "1, ")[: 3]
-    assert len(tok.encode(_propose(tok, '{"name": "North', k=3), add_special_tokens=False)) <= 3
+def test_proposals_stay_within_k_and_the_grammar(tok):
+    got = _propose(tok, '{"name": "North', k=3)
+    assert 0 < len(tok.encode(got, add_special_tokens=False)) <= 3 and got.startswith("wind")
+    # the copy runs on past the value's end ("Northwind Traders hired ..."): the grammar keeps only what is legal
+    constraint = _json(tok)
+    written = tok.encode('{"name": "Erik", "city": "Gothenburg', add_special_tokens=False)
+    assert constraint.advance(written) == len(written)
+    draft = PromptLookupDrafter(tok).propose(tok.encode(PROMPT, add_special_tokens=False) + written, constraint, 8,
+                                             0.0)
+    check = _json(tok)
+    assert check.advance(written + draft.tokens) == len(written) + len(draft.tokens)  # every proposed token legal
 
 
 def test_lookup_length_follows_its_two_rates():
@@ -118,3 +126,17 @@ def test_outside_json_a_match_needs_a_few_characters(tok):
 
     assert propose("So Go") == ""  # "Go" (and " Go") occurred, but fewer than MIN_MATCH characters match
     assert MIN_MATCH <= len(" Gothe") and propose("So Gothe").startswith("nbur")
+
+
+def test_a_row_hands_drafters_its_context_as_text(tok, target):
+    from specstruct.runtime.model_runtime import ModelRuntime
+    from specstruct.spec.speculator import Speculator
+
+    spec = Speculator(ModelRuntime(target), tok, [tok.eos_token_id])
+    prompt = tok.encode(PROMPT, add_special_tokens=False)
+    row = spec.row(prompt, _json(tok), SpecConfig())
+    written = tok.encode('{"name": "Grüße, Erik', add_special_tokens=False)
+    for n in range(len(written) + 1):  # committed tokens arrive a few at a time; candidates on top
+        row.token_ids = written[:n]
+        cands = written[n : n + 2]
+        assert row._context_text(cands) == tok.decode(prompt + written[: n + 2])

@@ -105,3 +105,17 @@ def test_the_stream_holds_back_a_partial_stop_and_never_passes_one():
     d = IncrementalDetokenizer(tok, ["Goodbye", "world!"])
     out = "".join(d.push([t]) for t in detok_ids)
     assert out == "Hello world. " and d.safe_text == out
+
+
+def test_peek_is_the_whole_decode_and_pushes_nothing():
+    tok = tiny_tokenizer()
+    ids = tok.encode("Grüße aus Göteborg, 31 år", add_special_tokens=False)
+    text = stops.IncrementalText(tok.decode)
+    for i, t in enumerate(ids):
+        assert text.peek(ids[i:]) == tok.decode(ids)  # ids still waiting for a whole character included
+        held = (list(text.ids), text.text)
+        text.push([t])
+        assert text.peek([]) == tok.decode(ids[: i + 1])
+    text.peek([1, 2, 3])
+    assert text.ids == ids
+    assert held[0] == ids[:-1]
