@@ -23,6 +23,7 @@ import torch
 from specstruct.runtime.quantized import PANEL, QuantLinear
 
 MAX_SHARE = 0.25  # a row reads only some panels when its tokens lie in at most this share of them (and so must the pass's)
+assert PANEL == 16  # _panels reads a panel's 16 mask bytes as two words
 
 
 def _panels(mask: torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,6 @@ def plan(masks: Sequence[torch.Tensor | None], vocab: int) -> tuple[list[int], t
     """(the rows that read only some panels, those panels' indices), or None when every row reads the whole head.
     `masks` holds, per kept position, its bool mask [vocab] or None. A few word operations per mask: it runs on
     every pass."""
-    assert PANEL == 16
     limit = int(MAX_SHARE * -(-vocab // PANEL))
     rows: list[int] = []
     union: torch.Tensor | None = None
@@ -88,8 +88,7 @@ def head_forward(head: QuantLinear, sparse: list[int], panels: torch.Tensor) -> 
 def during(model: torch.nn.Module, masks: Sequence[torch.Tensor | None] | None) -> Iterator[None]:
     """For one forward of `model`: its LM head reads only the panels the masked rows need (see the module doc)."""
     head = model.get_output_embeddings() if masks is not None else None  # type: ignore[operator]
-    chosen = plan(masks, head.out_features) if masks is not None and isinstance(head, QuantLinear) else None
-    if chosen is None or not isinstance(head, QuantLinear):
+    if masks is None or not isinstance(head, QuantLinear) or (chosen := plan(masks, head.out_features)) is None:
         yield
         return
     head.forward = head_forward(head, *chosen)  # type: ignore[method-assign, assignment]

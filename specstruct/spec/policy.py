@@ -199,6 +199,13 @@ class AdaptivePolicy:
         draft's 0.9 as about 0.6). Grow the drafter's length while it stays above the threshold, shrink below."""
         if proposed <= 0:
             return
+        if drafter == "lookup":  # a guess, then a copy: two rates (lookup_k)
+            p, a = self.lookup_rates(mode)
+            p = _ema(p, float(accepted > 0))
+            if accepted and proposed > 1:
+                a = _ema(a, (accepted - 1) / (proposed - 1))
+            self.lookup[mode] = (p, a)
+            return
         cfg = config or self.config
         key = (mode, drafter)
         # the average starts from the threshold, not from the first observation: one unlucky first step (a draft
@@ -206,13 +213,7 @@ class AdaptivePolicy:
         prior = self.rate[key] if self.rate[key] is not None else cfg.adaptive_threshold
         rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
-        if drafter == "lookup":
-            p, a = self.lookup_rates(mode)
-            p = _ema(p, float(accepted > 0))
-            if accepted and proposed > 1:
-                a = _ema(a, (accepted - 1) / (proposed - 1))
-            self.lookup[mode] = (p, a)
-        if drafter in ("forced", "lookup"):
+        if drafter == "forced":
             return
         cap = cfg.cap(mode)
         k = self.k.get(key, cfg.initial_candidates)

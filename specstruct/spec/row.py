@@ -190,7 +190,7 @@ class Row:
             if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
             drafter = self.speculator.drafters[name]
-            text = self._context_text(step.cands) if getattr(drafter, "reads_text", False) else None
+            text = self._context_text(step.cands) if drafter.reads_text else None
             d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text)
             step.add(name, d.tokens, d.q)
         step.model_room = max(0, min(step.model_room, budget - len(step.cands)))

@@ -94,7 +94,6 @@ class IncrementalText:
         self.text += delta
         return delta
 
-
     def peek(self, more: Sequence[int]) -> str:
         """The text of the ids pushed so far and `more`, pushing nothing: ids still waiting to complete a character
         included, decoded from the same earlier token as `push` (so a tokenizer's leading-space rule holds)."""
