@@ -14,4 +14,5 @@ root, e.g. `python -m benchmarks.step_cost --help`:
     draft_agreement  how often the draft agrees with the target on the free candidates
     draft_counts     how many candidates each proposer offered and had accepted
     ablation         the policy and proposers switched off one at a time
+    lookup_trace     what prompt lookup's matches are worth, and how many passes the sparse LM head serves
 """

@@ -1,0 +1,85 @@
+"""What prompt lookup's matches are worth, and how many passes the sparse LM head serves, on the bench prompts.
+
+    python -m benchmarks.lookup_trace [--scenario json|code|prose] [--limit 8] [--max-new-tokens 128] [--min-match 4]
+
+Runs the scenario's prompts on the default pair (greedy, prefix cache off, speculation on, the draft model off)
+and counts, per kind of match the lookup found (its length in characters, capped at 4; whether it holds a letter
+or digit), how often the target accepted the first token it proposed; `--min-match 1` also lets the lookup propose
+from the shorter matches it skips outside JSON. Then the share of target passes whose masks
+let the LM head read only some of its panels (runtime/sparse_head.plan). Counts, not timings: they do not move
+with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+from specstruct.bench.workloads import load_workloads
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default="json", choices=["json", "code", "prose"])
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--min-match", type=int, default=None, help="characters a match needs outside JSON")
+    args = ap.parse_args()
+
+    import specstruct as ss
+    from specstruct.runtime import sparse_head
+    from specstruct.spec import row as rowmod
+    from specstruct.spec.proposers import lookup
+
+    if args.min_match is not None:
+        lookup.MIN_MATCH = args.min_match
+    engine = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft=None)
+    matched: dict[str, str] = {}
+    longest = lookup.longest_earlier
+
+    def remember(text: str, limit: int = lookup.MAX_SUFFIX) -> tuple[int, int]:
+        length, end = longest(text, limit)
+        matched["last"] = text[len(text) - length :]
+        return length, end
+
+    lookup.longest_earlier = remember  # type: ignore[assignment]
+    kinds: collections.Counter = collections.Counter()
+    firsts: collections.Counter = collections.Counter()
+    passes = {"all": 0, "sparse": 0}
+    verify, plan = rowmod.Row.verify, sparse_head.plan
+
+    def counted_plan(masks, vocab):
+        chosen = plan(masks, vocab)
+        if any(m is not None for m in masks):
+            passes["all"] += 1
+            passes["sparse"] += chosen is not None
+        return chosen
+
+    def judged(row, step, logits, masks):
+        out = verify(row, step, logits, masks)
+        at = 0
+        for name, n in step.segments:
+            if name == "lookup":
+                m = matched.get("last", "")
+                kind = f"{'letters/digits' if any(c.isalnum() for c in m) else 'punctuation'}, {min(len(m), 4)} chars"
+                kinds[kind] += 1
+                firsts[kind] += len(out) - 1 > at  # the target accepted the lookup's first token
+            at += n
+        return out
+
+    sparse_head.plan = counted_plan  # type: ignore[assignment]
+    rowmod.Row.verify = judged  # type: ignore[method-assign]
+    cfg = ss.SpecConfig(max_retries=0, use_prefix_cache=False, use_draft_model=False)
+    for w in load_workloads(args.scenario, args.limit):
+        try:
+            engine.run(w.messages, w.output_type, max_new_tokens=args.max_new_tokens, config=cfg)
+        except ss.IncompleteOutputError:
+            pass  # cut at max_new_tokens: its passes counted all the same
+    print(f"{args.scenario}, {args.limit} prompts: lookup's first token accepted, by the match it came from")
+    for kind in sorted(kinds):
+        print(f"  {kind:30s} {firsts[kind]:4d} of {kinds[kind]:4d}")
+    print(f"target passes whose LM head read only some panels: {passes['sparse']} of {passes['all']}")
+
+
+if __name__ == "__main__":
+    main()
