@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -15,13 +16,14 @@ from typing import Any, AsyncIterator, Generator, Iterator, Sequence, TypeVar, o
 import torch
 
 from specstruct.config import BatchConfig, EngineConfig, SpecConfig, split_params
-from specstruct.constraints import Constraint, compile_constraint
-from specstruct.runtime.openmp import release_pool
+from specstruct.constraints import Constraint, compile_constraint, prepare
+from specstruct.runtime.openmp import release_pool, releasing
+from specstruct.models.loading import output_rows
 from specstruct.engine.core import build as build_engine
 from specstruct.engine.request import Output
 from specstruct.engine.scheduler import DecoderFactory
 from specstruct.spec.interfaces import Runtime
-from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
+from specstruct.errors import ConstraintError, IncompleteOutputError, InvalidPromptError, ValidationRetryError
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
@@ -49,6 +51,13 @@ class Call:
     config: SpecConfig
     timeout: float | None
 
+
+
+def _prepare(tokenizer: Any, vocab_size: int) -> None:
+    try:
+        prepare(tokenizer, vocab_size)
+    except ConstraintError:
+        pass  # a tokenizer llguidance cannot read: the first grammar or schema request says so, with the fix
 
 class SpecStruct:
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""
@@ -105,12 +114,17 @@ class SpecStruct:
         device = resolve_device(built.device)
         dtype = getattr(torch, built.dtype) if built.dtype != "auto" else torch.float32
         target, tokenizer = load_model(model, weights=built.weights, device=device, dtype=dtype)
+        # the tokenizer's tables every constraint shares (about a second), built while the draft loads rather than
+        # by the first constrained request; the thread only reads the tokenizer
+        tables = threading.Thread(target=releasing(_prepare), args=(tokenizer, output_rows(target)), daemon=True)
+        tables.start()
         draft = draft or built.draft_model_path
         draft_model = draft_tok = None
         if draft:
             draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      engine_config=built, batch_config=batch_config)
+        tables.join()
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
         collect_and_trim()       # cycle) now, and give its heap back to the system (bench.load_memory)
         return engine

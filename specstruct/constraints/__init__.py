@@ -12,6 +12,6 @@ decoder needs from a compiled constraint is the `Constraint` Protocol in `base`.
 """
 
 from specstruct.constraints.base import Constraint, ConstraintSpec, Mode
-from specstruct.constraints.compiler import check_spec, compile_constraint
+from specstruct.constraints.compiler import check_spec, compile_constraint, prepare
 
-__all__ = ["Constraint", "ConstraintSpec", "Mode", "check_spec", "compile_constraint"]
+__all__ = ["Constraint", "ConstraintSpec", "Mode", "check_spec", "compile_constraint", "prepare"]

@@ -34,7 +34,7 @@ from specstruct.constraints.llguidance.json_schema import check_support, compile
 from specstruct.constraints.limits import check_regex, limits, too_complex
 from specstruct.constraints.outlines.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
-from specstruct.constraints.llguidance.grammar import GrammarConstraint
+from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.outlines.regexes import choice_regex, json_regex
 from specstruct.constraints.outlines.token_table import TokenTable, token_table
@@ -58,6 +58,14 @@ def default_json_backend() -> str:
     if backend not in JSON_BACKENDS:
         raise ConstraintError(f"SPECSTRUCT_JSON_BACKEND={backend!r} is not a JSON backend; use one of {JSON_BACKENDS}.")
     return backend
+
+
+def prepare(tokenizer, vocab_size: int) -> None:
+    """Build what every constraint over `tokenizer` shares, once per process: its token table (read from the disk
+    cache where an earlier process wrote it) and llguidance's tokenizer (about a second, and rebuilt by every
+    process), so that the first constrained request does not pay for them. `from_pretrained` calls it."""
+    table = token_table(tokenizer)
+    _lltokenizer(tokenizer, table, vocab_size)
 
 
 def _check_encodable(spec: ConstraintSpec) -> None:

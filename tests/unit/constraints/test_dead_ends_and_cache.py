@@ -65,3 +65,22 @@ def test_the_disk_cache_holds_the_index_binary(monkeypatch, tmp_path):  # outlin
     stored = Index.from_binary(unseal("outlines-index", compiler.index_path("y[a-c]{2}", table).read_bytes()))
     assert stored.get_final_states() == built.get_final_states()
     assert compiler._index("y[a-c]{2}", table, spec)[0].get_initial_state() == built.get_initial_state()
+
+
+def test_prepare_builds_the_tables_the_first_compile_would(monkeypatch):
+    """`from_pretrained` prepares the tokenizer's shared tables while the draft loads: a compile after it builds no
+    llguidance tokenizer of its own."""
+    import llguidance.hf
+
+    from specstruct.constraints.llguidance import grammar
+
+    monkeypatch.setattr(grammar, "_LLTOKENIZERS", {})  # as in a fresh process
+    tok = tiny_tokenizer()
+    compiler.prepare(tok, len(tok) + 8)
+
+    def rebuilt(*args, **kwargs):
+        raise AssertionError("the compile rebuilt llguidance's tokenizer")
+
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", rebuilt)
+    constraint = _compile(ConstraintSpec("json", '{"type": "integer"}', "json"))
+    assert constraint.mask().any()
