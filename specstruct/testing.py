@@ -283,6 +283,16 @@ class OneSequence:
         self.seq.crop(length)
 
 
+def draft_first(speculator: Any) -> Any:
+    """For tests of the draft model's own mechanics: the speculator's policy past the free drafters' measured arm, in
+    every mode, slow enough (10 s an output token) that the draft model drafts from a fresh engine's next step."""
+    from specstruct.spec.policy import ARM_TOKENS
+
+    for mode in ("json", "regex", "choice", "grammar", "code", "text"):
+        speculator.policy.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
+    return speculator
+
+
 def steps_alone(row: Any) -> Iterator[list[int]]:
     """Decode one row (`speculator.row(...)`) as a batch of one through the BatchDecoder the scheduler drives,
     without the scheduler's thread: yields the tokens each step committed, raises the row's error at the end."""

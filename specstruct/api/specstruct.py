@@ -122,9 +122,9 @@ class SpecStruct:
         draft_model = draft_tok = None
         if draft:
             draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
+        tables.join()  # before the engine times a draft step (Speculator): nothing else running
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      engine_config=built, batch_config=batch_config)
-        tables.join()
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
         collect_and_trim()       # cycle) now, and give its heap back to the system (bench.load_memory)
         return engine

@@ -156,7 +156,7 @@ class BatchDecoder:
         steps: dict[int, Step] = {}
         for r in decoding:
             try:
-                steps[id(r)] = r.draft_free()
+                steps[id(r)] = r.draft_free(alone=len(rows) == 1)
             except Exception as err:
                 self._fail(r, err)
         live = [r for r in decoding if id(r) in steps and not r.finished]

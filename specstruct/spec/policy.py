@@ -13,10 +13,14 @@ with verification rows nearly free, a copy runs to the cap unless its guesses al
 
 That model leaves out what the free drafters would have proposed anyway and the draft's own reading of the prompt,
 so the draft model must also beat them as measured: per output mode, the seconds per output token of a lone row's
-steps with the draft model (its prompt reading included) and without it (free drafters only). The draft runs first
-(ARM_TOKENS tokens), then the free drafters alone as long, then whichever was faster; the other is tried again
-every PROBE_ARM_EVERY steps. (On a CPU with block-quantized weights a 0.5B draft step costs about half a 1.5B one:
-forced text and prompt lookup alone are then the faster choice on JSON, code and prose; docs/benchmarks.md.)
+steps with the draft model (its prompt reading included) and without it (free drafters only). The free drafters run
+first (ARM_TOKENS tokens), then the draft model as long, then whichever was faster; the other is tried again every
+PROBE_ARM_EVERY steps. The draft model is not tried at all while the free drafters' seconds per token s0 are at most
+what one draft token costs, a draft step plus one more row in the pass, e: if a pass of the free drafters gives t0
+tokens in P0 seconds (s0 = P0 / t0) and k draft tokens appended to it add d accepted ones for k * e seconds, the
+draft pays only if t0 * (P0 + k * e) < (t0 + d) * P0, that is d / k > e / s0, and d / k is at most 1. (On a CPU with
+block-quantized weights a 0.5B draft step costs about half a 1.5B one, so on JSON and code, where forced text and
+prompt lookup give 3-5 tokens a pass, the draft model is never worth its trial; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class AdaptivePolicy:
         self.rate: dict[tuple[Mode, str], float | None] = defaultdict(lambda: None)
         self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
         self.draft_cost: float | None = None  # EMA seconds of one draft-model step
+        self.draft_step: float | None = None  # seconds of one draft step timed when the engine was built
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
         self.lookup: dict[Mode, tuple[float, float]] = {}  # mode -> prompt lookup's (first-token, copy) rates
         # (mode, with the draft model) -> decayed (seconds, output tokens) of a lone row's steps; tokens measured
@@ -74,7 +79,9 @@ class AdaptivePolicy:
         self.arm_idle: dict[Mode, int] = defaultdict(int)
 
     # -- planning ---------------------------------------------------------------------------------------------
-    def plan(self, mode: Mode, config: SpecConfig | None = None) -> Plan:
+    def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True) -> Plan:
+        """What each drafter may propose at a row's next step; `alone`: the row has the pass to itself (the arms
+        are measured on such steps; in a batch the batch policy weighs the draft model by its costs)."""
         cfg = config or self.config
         cap = cfg.cap(mode)
         if not cfg.enable_speculative or cap <= 0:
@@ -86,17 +93,17 @@ class AdaptivePolicy:
             if name == "forced":
                 limits[name] = cap
             else:
-                limits[name] = self._limit(mode, name, cap, cfg)
+                limits[name] = self._limit(mode, name, cap, cfg, alone)
         drafters = [d for d in ORDER if limits.get(d, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
-    def _limit(self, mode: Mode, name: str, cap: int, cfg: SpecConfig) -> int:
+    def _limit(self, mode: Mode, name: str, cap: int, cfg: SpecConfig, alone: bool = True) -> int:
         key = (mode, name)
         if name == "lookup":
             best = self.lookup_k(mode, cap)
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
-            if name == "model" and self.use_timing and not self._model_arm(mode):
+            if name == "model" and self.use_timing and not self._model_arm(mode, alone):
                 return 0
             if name != "model" or k == 0 or not self.costs_measured():
                 return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
@@ -137,19 +144,37 @@ class AdaptivePolicy:
         return best
 
     def model_verdict(self, mode: Mode) -> str:
-        """"explore-with" / "explore-without" (an arm still measures its first ARM_TOKENS), "on" or "off"."""
-        if self.arm_tokens[(mode, True)] < ARM_TOKENS:
-            return "explore-with"
+        """"explore-without" / "explore-with" (an arm still measures its first ARM_TOKENS), "on" or "off"."""
         if self.arm_tokens[(mode, False)] < ARM_TOKENS:
             return "explore-without"
+        if self.draft_hopeless(mode):
+            return "off"
+        if self.arm_tokens[(mode, True)] < ARM_TOKENS:
+            return "explore-with"
         (s1, t1), (s0, t0) = self.arms[(mode, True)], self.arms[(mode, False)]
         return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
 
-    def _model_arm(self, mode: Mode) -> bool:
+    def draft_hopeless(self, mode: Mode) -> bool:
+        """The free drafters alone spend at most a draft token's cost (a draft step and one more row in the pass)
+        per output token in `mode`: no draft can beat them (module docstring), so it is neither tried nor probed
+        while that holds."""
+        step = self.draft_cost if self.draft_cost is not None else self.draft_step
+        if step is None or (mode, False) not in self.arms:
+            return False
+        t1 = self.t1() or 0.0
+        row = t1 * (self.verify_ratio(9) - 1.0) / 8  # one more row in a pass: the slope from 1 to 9 rows
+        s0, t0 = self.arms[(mode, False)]
+        return s0 / t0 <= step + row
+
+    def _model_arm(self, mode: Mode, alone: bool = True) -> bool:
         """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
         verdict = self.model_verdict(mode)
+        if not alone:  # a batch: the batch policy sizes the draft by its costs; only a measured loss keeps it out
+            return verdict != "off"
         if verdict.startswith("explore"):
             return verdict == "explore-with"
+        if self.draft_hopeless(mode):
+            return False
         self.arm_idle[mode] += 1
         probe = self.arm_idle[mode] >= PROBE_ARM_EVERY
         if probe:
@@ -230,3 +255,5 @@ class AdaptivePolicy:
             self.target_cost[rows] = _ema(self.target_cost.get(rows), seconds)
         elif kind == "draft" and rows <= 2:  # a draft step feeds one or two tokens; longer syncs are not steps
             self.draft_cost = _ema(self.draft_cost, seconds)
+        elif kind == "draft-timed":  # timed apart from decoding (Speculator): only whether to try the draft at all
+            self.draft_step = seconds

@@ -80,8 +80,8 @@ class Row:
         self.passes = self.rows_seen = 0
 
     # -- helpers ----------------------------------------------------------------------------------------------
-    def _plan(self):
-        return self.policy.plan(self.constraint.mode, self.config)
+    def _plan(self, alone: bool = True):
+        return self.policy.plan(self.constraint.mode, self.config, alone)
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:
@@ -178,9 +178,10 @@ class Row:
             self.finish(reason)
         return [token]
 
-    def draft_free(self) -> "Step":
-        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup) on a fork of the constraint."""
-        plan = self._plan()
+    def draft_free(self, alone: bool = True) -> "Step":
+        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup) on a fork of the constraint;
+        `alone`: the row has this pass to itself."""
+        plan = self._plan(alone)
         budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token
         step = Step(self.constraint.fork(), budget, plan.limits.get("model", 0) if "model" in plan.drafters else 0)
         context = self.prompt + self.token_ids

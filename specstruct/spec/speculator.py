@@ -21,6 +21,7 @@ from typing import Sequence
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
 from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
+from specstruct.spec.proposers.draft_model import step_seconds
 from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
 from specstruct.spec.policy import AdaptivePolicy
 from specstruct.spec.row import Row
@@ -46,6 +47,8 @@ class Speculator:
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        if draft is not None:  # what a draft step costs, measured now: the policy skips a draft that cannot pay
+            self.policy.observe_cost("draft-timed", 1, step_seconds(draft, min(self.eos, default=0)))
         self.numerics = target.numerics
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"

@@ -21,7 +21,7 @@ from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.spec.batch import BatchDecoder
 from specstruct.spec.speculator import Speculator
 from specstruct.errors import KVMemoryError
-from specstruct.testing import OneSequence
+from specstruct.testing import OneSequence, draft_first
 
 TEXT = ("Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON. "
         "The quick brown fox jumps over the lazy dog. Ada Lovelace wrote the first program in 1843. "
@@ -142,9 +142,11 @@ def test_the_draft_model_reuses_cached_prefixes_too(tok, target, close_draft, co
 
     monkeypatch.setattr(batch.DraftState, "__init__", spy)
     eng = _engine(tok, target, close_draft, draft_numerics=draft_numerics)
+    draft_first(eng.speculator)
     assert [r.token_ids for r in _runs(eng, PASSAGES)] == cold_outputs
     assert started[0] == 0 and all(n > len(SYSTEM) // 8 for n in started[1:]), started
     cold = _engine(tok, target, close_draft, draft_numerics=draft_numerics, use_prefix_cache=False)
+    draft_first(cold.speculator)
     started.clear()
     _runs(cold, PASSAGES[:2])
     assert started == [0, 0]  # use_prefix_cache=False: nothing reused, for the draft either

@@ -48,6 +48,19 @@ class DraftModelDrafter:
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
+def step_seconds(runtime: ModelRuntime, token: int, repeats: int = 3) -> float:
+    """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up, on a sequence of its
+    own: the policy's draft cost before the draft has drafted (it decides whether to try the draft at all)."""
+    seq = runtime.sequence()
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        runtime.forward([(seq, [token])], [1])
+        if i:
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 class DraftState:
     """What one row's draft cache holds."""
 

@@ -13,7 +13,7 @@ from specstruct.constraints.compiler import compile_constraint
 from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.spec.speculator import Speculator
 from specstruct.runtime.model_runtime import ModelRuntime
-from specstruct.testing import OneSequence, run_alone
+from specstruct.testing import OneSequence, draft_first, run_alone
 
 TEXT = "def add(a, b):\n    return a + b\n"
 
@@ -86,7 +86,7 @@ def test_draft_stops_after_a_token_it_doubts(tok, close_draft):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_confidence_is_lossless(tok, target, far_draft, temperature):
-    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft))
+    eng = draft_first(Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft)))
     ids = tok.encode(TEXT, add_special_tokens=False)[:8]
     runs = [run_alone(eng.row(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=24, temperature=temperature,
                                                                       seed=3, draft_confidence=c or 0.0,
@@ -192,7 +192,7 @@ def test_the_draft_reads_a_prompt_only_when_it_drafts_and_in_chunks(tok, target,
     from specstruct.spec.batch import CATCH_UP
 
     draft = ModelRuntime(close_draft)
-    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=draft)
+    eng = draft_first(Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=draft))
     prompt = tok.encode(TEXT * 40, add_special_tokens=False)[: 2 * CATCH_UP + 40]
     fed: list[int] = []
     _spy(draft, fed)

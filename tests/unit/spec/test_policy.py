@@ -6,6 +6,15 @@ from specstruct.spec.policy import AdaptivePolicy, expected_tokens
 ALL = {"forced", "lookup", "model"}
 
 
+def draft_arm(pol: AdaptivePolicy, *modes: str) -> AdaptivePolicy:
+    """Past the free drafters' measured arm, slow enough (10 s a token) that the draft model's turn comes next."""
+    from specstruct.spec.policy import ARM_TOKENS
+
+    for mode in modes:
+        pol.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
+    return pol
+
+
 def test_expected_tokens_formula():
     assert expected_tokens(0.0, 5) == 1.0
     assert expected_tokens(1.0, 3) == 4.0
@@ -13,7 +22,7 @@ def test_expected_tokens_formula():
 
 
 def test_mode_caps_and_initial_length():
-    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol = draft_arm(AdaptivePolicy(SpecConfig(), ALL), "json", "text")
     json_plan, text_plan = pol.plan("json"), pol.plan("text")
     assert json_plan.k == 8 and text_plan.k == 2
     assert json_plan.limits["model"] == 3  # initial_candidates
@@ -57,6 +66,7 @@ def test_probe_reenables_a_switched_off_drafter():
     pol = AdaptivePolicy(SpecConfig(), ALL)
     pol.observe_cost("target", 1, 1.0)
     pol.observe_cost("draft", 1, 2.0)
+    draft_arm(pol, "json")
     limits = [pol.plan("json").limits.get("model", 0) for _ in range(40)]
     assert limits.count(0) > 30 and 1 in limits
 
@@ -70,16 +80,32 @@ def test_the_draft_model_must_beat_the_free_drafters_as_measured():
     from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY
 
     pol = AdaptivePolicy(SpecConfig(), ALL)
-    assert pol.plan("json").limits["model"] > 0  # first the draft model is measured ...
-    pol.observe_step("json", True, ARM_TOKENS, 2.0)  # its prompt reading made it slow: 1/12 s per token
-    assert pol.model_verdict("json") == "explore-without"
-    assert "model" not in pol.plan("json").drafters  # ... then the free drafters alone
+    assert "model" not in pol.plan("json").drafters  # first the free drafters alone are measured ...
     pol.observe_step("json", False, ARM_TOKENS, 1.0)
-    assert pol.model_verdict("json") == "off" and pol.model_verdict("code") == "explore-with"  # per mode
+    assert pol.model_verdict("json") == "explore-with"
+    assert pol.plan("json").limits["model"] > 0  # ... then the draft model
+    pol.observe_step("json", True, ARM_TOKENS, 2.0)  # its prompt reading made it slow: 1/12 s per token
+    assert pol.model_verdict("json") == "off" and pol.model_verdict("code") == "explore-without"  # per mode
     plans = [pol.plan("json") for _ in range(PROBE_ARM_EVERY)]
     assert sum("model" in p.drafters for p in plans) == 1  # tried again now and then
     pol.observe_step("json", True, 10 * ARM_TOKENS, 0.5)  # it got faster (a warm draft, say)
     assert pol.model_verdict("json") == "on" and "model" in pol.plan("json").drafters
+
+
+def test_a_draft_step_slower_than_a_free_token_is_never_tried():
+    """The free drafters at 9 ms an output token against a 12 ms draft step: no acceptance rate could make the draft
+    pay (policy docstring), so it is neither tried nor probed; where they are slow (25 ms a token) it is tried."""
+    from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("draft-timed", 1, 0.012)  # as the Speculator times it when built
+    pol.observe_step("json", False, ARM_TOKENS, ARM_TOKENS * 0.009)
+    assert pol.model_verdict("json") == "off"
+    assert not any("model" in pol.plan("json").drafters for _ in range(2 * PROBE_ARM_EVERY))
+    assert "model" not in pol.plan("json", alone=False).drafters  # nor in a batch
+    pol.observe_step("text", False, ARM_TOKENS, ARM_TOKENS * 0.025)
+    assert pol.model_verdict("text") == "explore-with" and "model" in pol.plan("text").drafters
+    assert "model" in pol.plan("code", alone=False).drafters  # a batch before any lone row measured: as the costs say
 
 
 def test_plans_without_timing_ignore_the_measured_arms():
