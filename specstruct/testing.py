@@ -284,12 +284,14 @@ class OneSequence:
 
 
 def draft_first(speculator: Any) -> Any:
-    """For tests of the draft model's own mechanics: the speculator's policy past the free drafters' measured arm, in
-    every mode, slow enough (10 s an output token) that the draft model drafts from a fresh engine's next step."""
+    """For tests of the draft model's own mechanics: a speculator's policy (or a policy) past the free drafters'
+    measured arm, in every mode, slow enough (10 s an output token) that a lone row drafts with the draft model from
+    its next step."""
     from specstruct.spec.policy import ARM_TOKENS
 
+    policy = getattr(speculator, "policy", speculator)
     for mode in ("json", "regex", "choice", "grammar", "code", "text"):
-        speculator.policy.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
+        policy.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
     return speculator
 
 

@@ -23,7 +23,7 @@ from specstruct.engine.core import build as build_engine
 from specstruct.engine.request import Output
 from specstruct.engine.scheduler import DecoderFactory
 from specstruct.spec.interfaces import Runtime
-from specstruct.errors import ConstraintError, IncompleteOutputError, InvalidPromptError, ValidationRetryError
+from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
@@ -56,8 +56,8 @@ class Call:
 def _prepare(tokenizer: Any, vocab_size: int) -> None:
     try:
         prepare(tokenizer, vocab_size)
-    except ConstraintError:
-        pass  # a tokenizer llguidance cannot read: the first grammar or schema request says so, with the fix
+    except Exception:  # e.g. a tokenizer llguidance cannot read: the first constrained request raises it, with the fix
+        pass
 
 class SpecStruct:
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""
@@ -120,9 +120,11 @@ class SpecStruct:
         tables.start()
         draft = draft or built.draft_model_path
         draft_model = draft_tok = None
-        if draft:
-            draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
-        tables.join()  # before the engine times a draft step (Speculator): nothing else running
+        try:
+            if draft:
+                draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
+        finally:
+            tables.join()  # before the engine times a draft step (Speculator): nothing else running
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      engine_config=built, batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference

@@ -15,12 +15,14 @@ That model leaves out what the free drafters would have proposed anyway and the 
 so the draft model must also beat them as measured: per output mode, the seconds per output token of a lone row's
 steps with the draft model (its prompt reading included) and without it (free drafters only). The free drafters run
 first (ARM_TOKENS tokens), then the draft model as long, then whichever was faster; the other is tried again every
-PROBE_ARM_EVERY steps. The draft model is not tried at all while the free drafters' seconds per token s0 are at most
-what one draft token costs, a draft step plus one more row in the pass, e: if a pass of the free drafters gives t0
-tokens in P0 seconds (s0 = P0 / t0) and k draft tokens appended to it add d accepted ones for k * e seconds, the
-draft pays only if t0 * (P0 + k * e) < (t0 + d) * P0, that is d / k > e / s0, and d / k is at most 1. (On a CPU with
-block-quantized weights a 0.5B draft step costs about half a 1.5B one, so on JSON and code, where forced text and
-prompt lookup give 3-5 tokens a pass, the draft model is never worth its trial; docs/benchmarks.md.)
+PROBE_ARM_EVERY steps. A lone row does not try the draft model while the free drafters' seconds per token s0 are
+at most what one draft token costs, a draft step plus one more row in the pass, e. The cost model behind it: if a
+pass of the free drafters gives t0 tokens in P0 seconds (s0 = P0 / t0) and k draft steps appended to it add d
+accepted tokens for k * e seconds, the draft pays only if t0 * (P0 + k * e) < (t0 + d) * P0, that is d / k > e / s0;
+it assumes a draft step adds at most one token (d <= k). Forced tokens a draft appends without a draft step can
+break that assumption, so a verdict both arms measured overrides it. (On a CPU with block-quantized weights a 0.5B
+draft step costs about half a 1.5B one: on JSON and code, where forced text and prompt lookup give 3-5 tokens a
+pass, the draft model measured slower, forced tokens included; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -147,17 +149,15 @@ class AdaptivePolicy:
         """"explore-without" / "explore-with" (an arm still measures its first ARM_TOKENS), "on" or "off"."""
         if self.arm_tokens[(mode, False)] < ARM_TOKENS:
             return "explore-without"
-        if self.draft_hopeless(mode):
-            return "off"
-        if self.arm_tokens[(mode, True)] < ARM_TOKENS:
-            return "explore-with"
-        (s1, t1), (s0, t0) = self.arms[(mode, True)], self.arms[(mode, False)]
-        return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
+        if self.arm_tokens[(mode, True)] >= ARM_TOKENS:  # both measured: the measurement decides
+            (s1, t1), (s0, t0) = self.arms[(mode, True)], self.arms[(mode, False)]
+            return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
+        return "off" if self.draft_hopeless(mode) else "explore-with"
 
     def draft_hopeless(self, mode: Mode) -> bool:
         """The free drafters alone spend at most a draft token's cost (a draft step and one more row in the pass)
-        per output token in `mode`: no draft can beat them (module docstring), so it is neither tried nor probed
-        while that holds."""
+        per output token in `mode`: by the cost model in the module docstring no draft can beat them, so a lone row
+        neither tries nor probes it while that holds."""
         step = self.draft_cost if self.draft_cost is not None else self.draft_step
         if step is None or (mode, False) not in self.arms:
             return False
@@ -169,11 +169,11 @@ class AdaptivePolicy:
     def _model_arm(self, mode: Mode, alone: bool = True) -> bool:
         """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
         verdict = self.model_verdict(mode)
-        if not alone:  # a batch: the batch policy sizes the draft by its costs; only a measured loss keeps it out
-            return verdict != "off"
+        if not alone:  # a batch: the batch policy sizes the draft by its costs (one draft pass serves every row);
+            return verdict != "off" or self.arm_tokens[(mode, True)] < ARM_TOKENS  # only a measured loss keeps it out
         if verdict.startswith("explore"):
             return verdict == "explore-with"
-        if self.draft_hopeless(mode):
+        if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (draft_hopeless): no probe either
             return False
         self.arm_idle[mode] += 1
         probe = self.arm_idle[mode] >= PROBE_ARM_EVERY

@@ -48,7 +48,7 @@ class Speculator:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
         if draft is not None:  # what a draft step costs, measured now: the policy skips a draft that cannot pay
-            self.policy.observe_cost("draft-timed", 1, step_seconds(draft, min(self.eos, default=0)))
+            self.policy.observe_cost("draft-timed", 1, step_seconds(draft))
         self.numerics = target.numerics
         if draft is not None:
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"

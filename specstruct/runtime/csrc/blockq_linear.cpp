@@ -222,6 +222,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, i
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                        const int32_t* __restrict, int64_t K, int zero, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
+  static_assert(QUADS % 2 == 0, "the even and odd chains below");
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
   __m512 acc[R];
 #pragma GCC unroll 12

@@ -48,14 +48,17 @@ class DraftModelDrafter:
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
-def step_seconds(runtime: ModelRuntime, token: int, repeats: int = 3) -> float:
-    """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up, on a sequence of its
-    own: the policy's draft cost before the draft has drafted (it decides whether to try the draft at all)."""
+def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
+    """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
+    moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
+    decides whether a lone row tries the draft at all)."""
     seq = runtime.sequence()
     times = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        runtime.forward([(seq, [token])], [1])
+        runtime.forward([(seq, [0])], [1])
+        if torch.cuda.is_available():  # a GPU's kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
     return min(times)

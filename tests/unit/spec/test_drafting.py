@@ -84,6 +84,32 @@ def test_draft_stops_after_a_token_it_doubts(tok, close_draft):
     assert sure.tokens == own and not sure.stopped
 
 
+def test_the_speculator_times_a_draft_step_for_the_policy(tok, target, close_draft):
+    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(close_draft))
+    assert eng.policy.draft_step > 0 and eng.policy.draft_cost is None  # measured decoding steps replace it later
+    assert Speculator(ModelRuntime(target), tok, [tok.eos_token_id]).policy.draft_step is None
+
+
+def test_rows_of_a_batch_plan_as_a_batch(tok, target, close_draft):
+    """A lone row explores the free drafters first; rows sharing a pass leave the draft model to the batch policy."""
+    from specstruct.spec.batch import BatchDecoder
+
+    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(close_draft))
+    seen: list[bool] = []
+    plan = eng.policy.plan
+    eng.policy.plan = lambda mode, config=None, alone=True: seen.append(alone) or plan(mode, config, alone)
+    ids = tok.encode(TEXT, add_special_tokens=False)[:8]
+    batch = BatchDecoder(eng)
+    for _ in range(2):
+        batch.add(eng.row(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=6)))
+    while len(batch):
+        batch.step()
+    assert False in seen
+    seen.clear()
+    run_alone(eng.row(ids, _free(tok, eng.target), SpecConfig(max_new_tokens=6)))
+    assert seen and all(seen)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_confidence_is_lossless(tok, target, far_draft, temperature):
     eng = draft_first(Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft)))

@@ -2,17 +2,9 @@
 
 from specstruct.config import SpecConfig
 from specstruct.spec.policy import AdaptivePolicy, expected_tokens
+from specstruct.testing import draft_first
 
 ALL = {"forced", "lookup", "model"}
-
-
-def draft_arm(pol: AdaptivePolicy, *modes: str) -> AdaptivePolicy:
-    """Past the free drafters' measured arm, slow enough (10 s a token) that the draft model's turn comes next."""
-    from specstruct.spec.policy import ARM_TOKENS
-
-    for mode in modes:
-        pol.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
-    return pol
 
 
 def test_expected_tokens_formula():
@@ -22,7 +14,7 @@ def test_expected_tokens_formula():
 
 
 def test_mode_caps_and_initial_length():
-    pol = draft_arm(AdaptivePolicy(SpecConfig(), ALL), "json", "text")
+    pol = draft_first(AdaptivePolicy(SpecConfig(), ALL))
     json_plan, text_plan = pol.plan("json"), pol.plan("text")
     assert json_plan.k == 8 and text_plan.k == 2
     assert json_plan.limits["model"] == 3  # initial_candidates
@@ -66,7 +58,7 @@ def test_probe_reenables_a_switched_off_drafter():
     pol = AdaptivePolicy(SpecConfig(), ALL)
     pol.observe_cost("target", 1, 1.0)
     pol.observe_cost("draft", 1, 2.0)
-    draft_arm(pol, "json")
+    draft_first(pol)
     limits = [pol.plan("json").limits.get("model", 0) for _ in range(40)]
     assert limits.count(0) > 30 and 1 in limits
 
@@ -101,11 +93,26 @@ def test_a_draft_step_slower_than_a_free_token_is_never_tried():
     pol.observe_cost("draft-timed", 1, 0.012)  # as the Speculator times it when built
     pol.observe_step("json", False, ARM_TOKENS, ARM_TOKENS * 0.009)
     assert pol.model_verdict("json") == "off"
-    assert not any("model" in pol.plan("json").drafters for _ in range(2 * PROBE_ARM_EVERY))
-    assert "model" not in pol.plan("json", alone=False).drafters  # nor in a batch
+    assert not any("model" in pol.plan("json").drafters for _ in range(2 * PROBE_ARM_EVERY))  # nor probed
     pol.observe_step("text", False, ARM_TOKENS, ARM_TOKENS * 0.025)
     assert pol.model_verdict("text") == "explore-with" and "model" in pol.plan("text").drafters
-    assert "model" in pol.plan("code", alone=False).drafters  # a batch before any lone row measured: as the costs say
+    # a batch (one draft pass serves every row) weighs the draft by its costs: only a measured loss keeps it out
+    assert "model" in pol.plan("json", alone=False).drafters and "model" in pol.plan("code", alone=False).drafters
+    pol.observe_step("json", True, ARM_TOKENS, ARM_TOKENS * 0.020)
+    assert pol.model_verdict("json") == "off" and "model" not in pol.plan("json", alone=False).drafters
+
+
+def test_a_measured_draft_win_overrides_the_cost_model():
+    """Forced tokens a draft appends without a draft step can make it pay where the cost model says it cannot: once
+    both arms are measured, the measurement decides."""
+    from specstruct.spec.policy import ARM_TOKENS
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("draft-timed", 1, 0.012)
+    pol.observe_step("json", False, ARM_TOKENS, ARM_TOKENS * 0.009)
+    assert pol.model_verdict("json") == "off"
+    pol.observe_step("json", True, 4 * ARM_TOKENS, 4 * ARM_TOKENS * 0.004)  # (a probe, say) measured faster
+    assert pol.model_verdict("json") == "on" and "model" in pol.plan("json").drafters
 
 
 def test_plans_without_timing_ignore_the_measured_arms():
