@@ -169,8 +169,8 @@ class AdaptivePolicy:
     def _model_arm(self, mode: Mode, alone: bool = True) -> bool:
         """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
         verdict = self.model_verdict(mode)
-        if not alone:  # a batch: the batch policy sizes the draft by its costs (one draft pass serves every row);
-            return verdict != "off" or self.arm_tokens[(mode, True)] < ARM_TOKENS  # only a measured loss keeps it out
+        if not alone:  # a batch: the batch policy sizes the draft by its costs, where lone rows do not rule it out
+            return verdict != "off"  # (measured, or by the cost model: a batch's rows do not make the draft cheaper)
         if verdict.startswith("explore"):
             return verdict == "explore-with"
         if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (draft_hopeless): no probe either
