@@ -218,7 +218,7 @@ static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (ex
 }
 
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
-static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
+static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                        const int32_t* __restrict, int64_t K, int zero, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
@@ -346,7 +346,7 @@ static inline __m256i dot8(const __m256i* wv, const int32_t* qg, int32_t A) {
 
 // One group of the panel's half h (8 outputs) for rows [0, R): acc[r] += that group's terms.
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
-static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, const Scales& sc, int gps, int64_t ng,
+static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, const Scales& sc, int64_t ng,
                               const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                               const int32_t* __restrict ia, int64_t K, __m256* acc) {
   constexpr int QUADS = G / 4;
@@ -408,7 +408,7 @@ static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, co
 // take both halves in one pass over the panel (each weight line read once); more rows take one half per pass (16
 // registers hold R accumulators and a half's weights).
 template <int R, int G, int BITS, bool AFFINE, bool SUB>
-static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int gps, int64_t ng,
+static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                        const int32_t* __restrict ia, int64_t K, int, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
@@ -424,7 +424,7 @@ static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int gps, i
         for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
       }
       for (int hh = 0; hh < halves; ++hh)
-        group_avx2<R, G, BITS, AFFINE, SUB>(gb, first + hh, g, sc, gps, ng, q, s, fa_, ia, K, acc[hh]);
+        group_avx2<R, G, BITS, AFFINE, SUB>(gb, first + hh, g, sc, ng, q, s, fa_, ia, K, acc[hh]);
     }
     for (int hh = 0; hh < halves; ++hh) {
       const int h = first + hh, n = std::min(8, ncols - 8 * h);
@@ -445,12 +445,12 @@ static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int gps, i
 
 #ifdef SPECSTRUCT_VECTOR
 template <int G, int BITS, bool AFFINE, bool SUB>
-static void rows_vector(int R, const uint8_t* w, const Scales& sc, int gps, int64_t ng, const int8_t* q,
+static void rows_vector(int R, const uint8_t* w, const Scales& sc, int64_t ng, const int8_t* q,
                         const float* s, const float* fa, const int32_t* ia, int64_t K, int zero, float* y, int64_t ldy,
                         int ncols) {
   switch (R) {
 #define CASE(n) \
-  case n: return PANEL<n, G, BITS, AFFINE, SUB>(w, sc, gps, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
+  case n: return PANEL<n, G, BITS, AFFINE, SUB>(w, sc, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
 #ifdef SPECSTRUCT_VNNI
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #else
@@ -460,7 +460,7 @@ static void rows_vector(int R, const uint8_t* w, const Scales& sc, int gps, int6
   }
 }
 
-using RowsFn = void (*)(int, const uint8_t*, const Scales&, int, int64_t, const int8_t*, const float*,
+using RowsFn = void (*)(int, const uint8_t*, const Scales&, int64_t, const int8_t*, const float*,
                         const float*, const int32_t*, int64_t, int, float*, int64_t, int);
 
 static RowsFn pick(const Format& f) {
@@ -580,7 +580,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
         const Scales sc = st.panel(p);
 #ifdef SPECSTRUCT_VECTOR
         if (fn) {
-          fn(R, w, sc, f.gps, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
+          fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
              yd + r * ldy + i * NO, ldy, ncols);
           continue;
         }
