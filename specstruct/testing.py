@@ -287,10 +287,13 @@ def draft_first(speculator: Any) -> Any:
     """For tests of the draft model's own mechanics: a speculator's policy (or a policy) past the free drafters'
     measured arm, in every mode, slow enough (10 s an output token) that a lone row drafts with the draft model from
     its next step."""
+    from typing import get_args
+
+    from specstruct.constraints.base import Mode
     from specstruct.spec.policy import ARM_TOKENS
 
     policy = getattr(speculator, "policy", speculator)
-    for mode in ("json", "regex", "choice", "grammar", "code", "text"):
+    for mode in get_args(Mode):
         policy.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
     return speculator
 

@@ -52,12 +52,12 @@ class Call:
     timeout: float | None
 
 
-
 def _prepare(tokenizer: Any, vocab_size: int) -> None:
     try:
         prepare(tokenizer, vocab_size)
     except Exception:  # e.g. a tokenizer llguidance cannot read: the first constrained request raises it, with the fix
         pass
+
 
 class SpecStruct:
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""

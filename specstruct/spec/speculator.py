@@ -47,10 +47,9 @@ class Speculator:
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
-        if draft is not None:  # what a draft step costs, measured now: the policy skips a draft that cannot pay
-            self.policy.observe_cost("draft-timed", 1, step_seconds(draft))
         self.numerics = target.numerics
         if draft is not None:
+            self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
 
     def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:

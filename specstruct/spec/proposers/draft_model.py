@@ -48,6 +48,7 @@ class DraftModelDrafter:
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
+
 def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
     """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
     moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
