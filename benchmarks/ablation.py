@@ -28,6 +28,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lookup-only": dict(use_forced_text=False, use_draft_model=False),
     "model-only": dict(use_forced_text=False, use_prompt_lookup=False),
     "forced+lookup": dict(use_draft_model=False),
+    "no-guesses": dict(use_structure_guesses=False),
     # caps replace only the modes they name: text keeps its own cap
     "cap-4": dict(max_candidates={"json": 4, "code": 4}),
     "cap-16": dict(max_candidates={"json": 16, "code": 16}),

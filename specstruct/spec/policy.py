@@ -43,8 +43,9 @@ ARM_TOKENS = 24  # output tokens measured with and without the draft model befor
 ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of each arm
 ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
 PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
-ORDER = ("forced", "lookup", "model")  # candidates are concatenated in this order
-SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "model": "use_draft_model"}
+ORDER = ("forced", "lookup", "guess", "model")  # candidates are concatenated in this order
+SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "guess": "use_structure_guesses",
+          "model": "use_draft_model"}
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -92,7 +93,7 @@ class AdaptivePolicy:
         for name in self.available:
             if not getattr(cfg, SWITCH[name]):
                 continue
-            if name == "forced":
+            if name in ("forced", "guess"):
                 limits[name] = cap
             else:
                 limits[name] = self._limit(mode, name, cap, cfg, alone)
@@ -238,7 +239,7 @@ class AdaptivePolicy:
         prior = self.rate[key] if self.rate[key] is not None else cfg.adaptive_threshold
         rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
-        if drafter == "forced":
+        if drafter in ("forced", "guess"):
             return
         cap = cfg.cap(mode)
         k = self.k.get(key, cfg.initial_candidates)

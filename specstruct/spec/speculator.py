@@ -20,7 +20,7 @@ from typing import Sequence
 
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
-from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter
+from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter, StructureGuessDrafter
 from specstruct.spec.proposers.draft_model import step_seconds
 from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
 from specstruct.spec.policy import AdaptivePolicy
@@ -43,7 +43,8 @@ class Speculator:
         self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter(tokenizer)}
+        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter(tokenizer),
+                                             "guess": StructureGuessDrafter(tokenizer)}
         if draft is not None:
             self.drafters["model"] = DraftModelDrafter(draft, self.eos)
         self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))

@@ -91,19 +91,20 @@ def test_speculation_saves_target_passes_on_structured_output(tok, target, close
     assert spec.stats.per_drafter["forced"].accepted > 0  # JSON punctuation and keys came for free
 
 
-@pytest.mark.parametrize("drafters", [
-    dict(use_draft_model=True, use_forced_text=False, use_prompt_lookup=False),
-    dict(use_draft_model=False, use_forced_text=True, use_prompt_lookup=False),
-    dict(use_draft_model=False, use_forced_text=False, use_prompt_lookup=True),
-], ids=["model-only", "forced-only", "lookup-only"])
-def test_each_drafter_alone_is_lossless(tok, target, close_draft, drafters):
+SWITCHES = dict(model="use_draft_model", forced="use_forced_text", lookup="use_prompt_lookup",
+                guess="use_structure_guesses")
+
+
+@pytest.mark.parametrize("drafter", list(SWITCHES), ids=[f"{d}-only" for d in SWITCHES])
+def test_each_drafter_alone_is_lossless(tok, target, close_draft, drafter):
+    drafters = {switch: name == drafter for name, switch in SWITCHES.items()}
     eng = _engine(tok, target, close_draft)
     constraint = _compile(tok, eng, "json")
     for prompt in PROMPTS[:2]:
         base = _decode(eng, tok, prompt, constraint, enable_speculative=False, max_new_tokens=40)
         spec = _decode(eng, tok, prompt, constraint, max_new_tokens=40, **drafters)
         assert spec.token_ids == base.token_ids
-        assert set(spec.stats.per_drafter) <= {"model", "forced", "lookup"}
+        assert set(spec.stats.per_drafter) <= {drafter}
 
 
 def _snapshots(eng, tok, prompt, constraint, **cfg):

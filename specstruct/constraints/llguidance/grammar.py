@@ -67,8 +67,9 @@ class GrammarConstraint:
     """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
 
     def __init__(self, matcher, tokenizer, vocab_size: int, eos_ids: Sequence[int], mode: str,
-                 stack: list[bool] | None = None, special: np.ndarray | None = None):
+                 stack: list[bool] | None = None, special: np.ndarray | None = None, keys: tuple[str, ...] = ()):
         self._m, self._tokenizer, self.vocab_size, self.mode = matcher, tokenizer, vocab_size, mode
+        self.keys = keys  # a JSON schema's property names in the order it declares them (drafting guesses the next)
         self._eos = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
         self._stack = stack if stack is not None else []  # True: an EOS we accepted; False: a real token
         self._special = _special_ids(tokenizer, vocab_size) if special is None else special
@@ -148,7 +149,7 @@ class GrammarConstraint:
 
     def fork(self) -> "GrammarConstraint":
         return GrammarConstraint(self._m.deep_copy(), self._tokenizer, self.vocab_size, self._eos, self.mode,
-                                 list(self._stack), self._special)
+                                 list(self._stack), self._special, self.keys)
 
     def accepts(self, text: str) -> bool:
         ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)

@@ -107,8 +107,8 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     from llguidance import LLMatcher
 
     key = (table.key, vocab_size, source, limits().lexer_fuel, limits().memory_mb)  # a template keeps its limits
-    template = TEMPLATES.get(key)
-    if template is None:
+    cached = TEMPLATES.get(key)
+    if cached is None:
         lltok = _lltokenizer(tokenizer, table, vocab_size)
         schema, grammar, error = _grammar(source, lltok)
         if error:
@@ -120,8 +120,27 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
         if not probe.mask().any():
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "
                                   "lists, required properties and min/max bounds.")
-        TEMPLATES.put(key, template, 64 * 1024 + 64 * len(grammar))
-    return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
+        cached = (template, property_names(schema))
+        TEMPLATES.put(key, cached, 64 * 1024 + 64 * len(grammar))
+    template, keys = cached
+    return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode, keys=keys)
+
+
+def property_names(schema: Any) -> tuple[str, ...]:
+    """Every property name `schema` declares, each once: an object's properties together in their declared order,
+    objects depth first."""
+    names: dict[str, None] = {}
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(reversed(node))
+        elif isinstance(node, dict):
+            props = node.get("properties")
+            if isinstance(props, dict):
+                names.update((k, None) for k in props if isinstance(k, str))
+            todo.extend(reversed(list(node.values())))
+    return tuple(names)
 
 
 def _error(message: str, schema: Any) -> ConstraintError:

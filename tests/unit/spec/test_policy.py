@@ -4,7 +4,7 @@ from specstruct.config import SpecConfig
 from specstruct.spec.policy import AdaptivePolicy, expected_tokens
 from specstruct.testing import draft_first
 
-ALL = {"forced", "lookup", "model"}
+ALL = {"forced", "lookup", "guess", "model"}
 
 
 def test_expected_tokens_formula():
@@ -19,7 +19,7 @@ def test_mode_caps_and_initial_length():
     assert json_plan.k == 8 and text_plan.k == 2
     assert json_plan.limits["model"] == 3  # initial_candidates
     assert text_plan.limits["model"] <= 2
-    assert json_plan.drafters == ["forced", "lookup", "model"]
+    assert json_plan.drafters == ["forced", "lookup", "guess", "model"]
 
 
 def test_speculation_off_plans_nothing():
@@ -64,7 +64,7 @@ def test_probe_reenables_a_switched_off_drafter():
 
 
 def test_switches_in_config_disable_drafters():
-    pol = AdaptivePolicy(SpecConfig(use_draft_model=False, use_prompt_lookup=False), ALL)
+    pol = AdaptivePolicy(SpecConfig(use_draft_model=False, use_prompt_lookup=False, use_structure_guesses=False), ALL)
     assert pol.plan("json").drafters == ["forced"]
 
 

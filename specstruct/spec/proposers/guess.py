@@ -1,0 +1,93 @@
+"""Structure guesses: where a JSON grammar has a choice but one answer is structural and likely, propose it, then
+the text the grammar forces after it.
+
+  - a number may end here     propose its end (`,`, else `}`, else `]`: the first the grammar takes)
+  - a key opens here          propose the next property the schema declares (in its order) that the grammar takes
+  - an object or array closes  propose `,` (another item or property follows)
+
+An extraction writes `"age": 47` then `,` and the next key; the target spends one pass on each digit and one on the
+end, and with forced text alone it spends another on each optional key (the grammar cannot force `"age"` where the
+schema lets it be skipped). After the digits the lookup copied (or the one the target just wrote) this drafter
+proposes `, "occupation": "`: right, it saves a pass; wrong, it costs the rows it proposed, which a pass verifies
+for a few percent of its time each. The guesses are candidates like any other: the target verifies every token.
+
+Runs after prompt lookup, so it also ends the numbers the lookup copies and proposes the forced text after a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Draft
+
+ENDS = (",", "}", "]")  # a number's end, most likely first
+MAX_KEYS = 32  # keys tried at one choice point (each a grammar probe), from the one after the key written last
+TAIL = 400  # characters of the context's end read for the key written last
+ROUNDS = 3  # guesses chained in one proposal (a number's end, then the next key, then ...)
+
+
+def _last_key(text: str, keys: Sequence[str]) -> int:
+    """The index in `keys` of the key written last in `text` (its `"key":` nearest the end), or -1."""
+    best, at = -1, -1
+    for i, key in enumerate(keys):
+        pos = text.rfind(f'"{key}":')
+        if pos > at:
+            best, at = i, pos
+    return best
+
+
+class StructureGuessDrafter:
+    name = "guess"
+    reads_text = True
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _takes(self, constraint: Constraint, text: str) -> Constraint | None:
+        """A fork of `constraint` advanced over `text` (canonically tokenized), or None where the grammar refuses."""
+        ids = self._encode(text)
+        probe = constraint.fork()
+        return probe if probe.advance(ids) == len(ids) else None
+
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
+                text: str | None = None) -> Draft:
+        if k <= 0 or constraint.mode != "json" or not context:
+            return Draft([], source=self.name)
+        if text is None:
+            text = self.tokenizer.decode(list(context)[-64:])
+        keys: Sequence[str] = getattr(constraint, "keys", ())
+        out = constraint.forced_text()
+        for _ in range(ROUNDS):
+            guess = self._guess(constraint, text[-TAIL:] + out, out, keys)
+            if guess is None:
+                break
+            out += guess
+            after = self._takes(constraint, out)
+            if after is None:
+                break
+            out += after.forced_text()
+        if not out:
+            return Draft([], source=self.name)
+        ids = self._encode(out)[:k]
+        n = constraint.advance(ids)
+        return Draft(list(ids[:n]), source=self.name)
+
+    def _guess(self, constraint: Constraint, tail: str, out: str, keys: Sequence[str]) -> str | None:
+        """The structural text likely next after `out` (whose grammar state is a choice), or None."""
+        if tail[-1:].isdigit():
+            if self._takes(constraint, out + '"') is not None:  # a digit inside a string: no number ends here
+                return None
+            return next((end for end in ENDS if self._takes(constraint, out + end) is not None), None)
+        if tail[-1:] in ("}", "]"):
+            return "," if self._takes(constraint, out + ",") is not None else None
+        if keys and tail.endswith('"') and tail[:-1].rstrip()[-1:] in ("{", ","):
+            start = _last_key(tail, keys) + 1
+            for i in range(min(MAX_KEYS, len(keys))):
+                key = keys[(start + i) % len(keys)]
+                if self._takes(constraint, f'{out}{key}"') is not None:
+                    return f'{key}"'
+        return None

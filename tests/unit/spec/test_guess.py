@@ -1,0 +1,57 @@
+"""Structure guesses (proposers/guess.py): a number's end, the next key in schema order and another item, each
+followed by the text the grammar forces; nothing where the grammar rules the guess out. With the tests' real BPE
+tokenizer and llguidance's JSON grammar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specstruct.constraints.base import ConstraintSpec
+from specstruct.constraints.compiler import compile_constraint
+from specstruct.constraints.llguidance.json_schema import property_names
+from specstruct.spec.proposers.guess import StructureGuessDrafter
+
+PERSON = {"type": "object", "required": ["name", "city"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
+ORDER = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": {
+    "type": "object", "required": ["q"], "properties": {"q": {"type": "integer"}}}}}}
+
+
+def _propose(tok, schema, written: str, mode: str = "json", k: int = 16) -> str:
+    """What the drafter proposes after `written` (an output prefix the constraint has accepted)."""
+    source = json.dumps(schema) if mode == "json" else None
+    constraint = compile_constraint(ConstraintSpec(mode, source, mode), tok, vocab_size=len(tok),
+                                    eos_token_ids=[tok.eos_token_id])
+    ids = tok.encode(written, add_special_tokens=False)
+    assert constraint.advance(ids) == len(ids)
+    draft = StructureGuessDrafter(tok).propose(tok.encode("Extract: ", add_special_tokens=False) + ids,
+                                               constraint, k, 0.0)
+    assert draft.source == "guess" and len(draft.tokens) <= k
+    return tok.decode(draft.tokens)
+
+
+@pytest.mark.parametrize("written, expected", [
+    ('{"name": "Erik", "', 'age": '),  # an optional key: the first the schema declares after the last written
+    ('{"name": "Erik", "age": 31', ', "city": "'),  # a number's end, then the forced key
+    ('{"name": "Erik", "age": 31, "city": "Go', ""),  # inside a string: no structure to guess
+    ('{"name": "R2', ""),  # a digit inside a string is not a number's end
+    ('{"items": [{"q": 3', '}, {"q": '),  # the last property's number: the object closes, another item follows
+])
+def test_guesses(tok, written, expected):
+    assert _propose(tok, ORDER if "items" in written else PERSON, written) == expected
+
+
+def test_guesses_stay_within_k(tok):
+    assert len(tok.encode(_propose(tok, PERSON, '{"name": "Erik", "age": 31', k=2), add_special_tokens=False)) <= 2
+
+
+def test_nothing_outside_json(tok):
+    assert _propose(tok, None, "Total: 31", mode="text") == ""
+
+
+def test_property_names_in_declared_order_each_once():
+    schema = {"properties": {"b": {"type": "object", "properties": {"z": {}, "a": {}}}, "a": {}, "c": {}},
+              "$defs": {"d": {"properties": {"c": {}, "y": {}}}}}
+    assert property_names(schema) == ("b", "a", "c", "z", "y")
