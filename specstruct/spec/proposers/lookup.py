@@ -8,8 +8,12 @@ the context's text that occurs earlier (most recent occurrence) wins; what follo
 In JSON a match must hold some of the value being written: one that ends in structure (`"city": "`, `, `) matches
 the keys and punctuation of earlier values and of the schema, and what followed those is almost never the value
 that starts here, while a letter or two after the quote that opens a value was right 15 times in 26 on the JSON
-bench. Elsewhere a match needs MIN_MATCH characters: on the code and prose benches shorter ones were right 5 times
-in 115, longer ones 48 in 98 (`python -m benchmarks.lookup_trace --scenario code --limit 3 --min-match 1`).
+bench. Where the match holds no more than the value and punctuation (` "c`, last seen in the key `, "city"`), the
+value is copied from its most recent occurrence that starts a word: its opening quote stands where the source has
+a space or a line break.
+
+Elsewhere a match needs MIN_MATCH characters: on the code and prose benches shorter ones were right 5 times in 115,
+longer ones 48 in 98 (`python -m benchmarks.lookup_trace --scenario code --limit 3 --min-match 1`).
 """
 
 from __future__ import annotations
@@ -40,10 +44,29 @@ def longest_earlier(text: str, limit: int = MAX_SUFFIX) -> tuple[int, int]:
     return lo, end
 
 
+def _value(text: str) -> str:
+    """The text after the last JSON structural character: the value being written, where one is."""
+    return text[max(text.rfind(c) for c in STRUCTURE) + 1 :]
+
+
 def _holds_value(match: str) -> bool:
     """Whether a JSON match holds a letter or digit after its last structural character."""
-    tail = match[max(match.rfind(c) for c in STRUCTURE) + 1 :]
-    return any(c.isalnum() for c in tail)
+    return any(c.isalnum() for c in _value(match))
+
+
+def word_start(text: str, value: str, tries: int = 64) -> int:
+    """Where the most recent earlier occurrence of `value` (the end of `text`) that starts a word ends, or -1.
+    A value's opening quote stands where its source has a space or a line break: `"c` is the start of the
+    address in `at c.okafor@...`, not of the key `"city"`, which the longest match would pick."""
+    end = len(text) - 1
+    for _ in range(tries):
+        at = text.rfind(value, 0, end)
+        if at < 0:
+            return -1
+        if at == 0 or text[at - 1].isspace() or text[at - 1] in "([":
+            return at + len(value)
+        end = at + len(value) - 1
+    return -1
 
 
 class PromptLookupDrafter:
@@ -62,6 +85,10 @@ class PromptLookupDrafter:
         length, end = longest_earlier(text)
         if constraint.mode == "json":
             useful = length > 0 and _holds_value(text[len(text) - length :])
+            value = _value(text)
+            around = text[len(text) - length : len(text) - len(value)]  # what the match holds besides the value
+            if useful and not around.strip(STRUCTURE + " ") and (at := word_start(text, value)) >= 0:
+                end = at  # the match holds only the value and punctuation: copy from where the value starts a word
         else:
             useful = length >= MIN_MATCH
         if not useful:

@@ -50,12 +50,12 @@ def _json(tok):
                               eos_token_ids=[tok.eos_token_id])
 
 
-def _propose(tok, written: str, k: int = 8) -> str:
+def _propose(tok, written: str, k: int = 8, prompt: str = PROMPT) -> str:
     """What the lookup proposes after the prompt and `written` (a JSON prefix the constraint has accepted)."""
     constraint = _json(tok)
     ids = tok.encode(written, add_special_tokens=False)
     assert constraint.advance(ids) == len(ids)
-    draft = PromptLookupDrafter(tok).propose(tok.encode(PROMPT, add_special_tokens=False) + ids, constraint, k, 0.0)
+    draft = PromptLookupDrafter(tok).propose(tok.encode(prompt, add_special_tokens=False) + ids, constraint, k, 0.0)
     assert draft.source == "lookup" and len(draft.tokens) <= k
     return tok.decode(draft.tokens)
 
@@ -70,6 +70,12 @@ def test_copies_across_a_different_tokenization(tok):
 def test_no_guess_at_the_start_of_a_json_value(tok):
     # `"city": "` ends in structure: what followed an earlier `": "` is not this value
     assert _propose(tok, '{"name": "Erik Lindqvist", "city": "') == ""
+
+
+def test_a_value_start_copies_from_a_word_start(tok):
+    # ` "c` last occurred in the key `, "city"`, and `c` last inside a word ("record"): the value is the address
+    prompt = "Write to c.okafor@luth.example.ng about the record.\n"
+    assert _propose(tok, '{"name": "Chinwe", "city": "c', prompt=prompt).startswith(".okafor@")
 
 
 def test_proposals_stay_within_k_and_the_grammar(tok):
