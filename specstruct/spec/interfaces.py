@@ -36,10 +36,11 @@ class Drafter(Protocol):
     reads_text: bool  # whether `propose` wants the context as text (the row keeps it, decoded incrementally)
 
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
-                text: str | None = None) -> Draft:
+                text: str | None = None, room: int | None = None) -> Draft:
         """Up to k tokens continuing `context` (prompt + committed tokens). `constraint` is a fork positioned
         at the end of `context`; the drafter advances it over what it proposes. `text`: `context` decoded, given
-        to drafters that read text (a drafter decodes `context` itself when it is None)."""
+        to drafters that read text (a drafter decodes `context` itself when it is None). `room` (at least k): the
+        most the step can take, which a drafter may use past k where it knows more than the policy's length."""
         ...
 
 

@@ -192,7 +192,8 @@ class Row:
                 break
             drafter = self.speculator.drafters[name]
             text = self._context_text(step.cands) if drafter.reads_text else None
-            d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text)
+            d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text,
+                                room=budget - len(step.cands))
             step.add(name, d.tokens, d.q)
         step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
         if step.cands and step.cands[-1] in self.speculator.eos:

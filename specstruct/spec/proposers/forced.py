@@ -21,7 +21,7 @@ class ForcedTextDrafter:
         self._cache: dict[str, list[int]] = {}
 
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
-                text: str | None = None) -> Draft:
+                text: str | None = None, room: int | None = None) -> Draft:
         text = constraint.forced_text()
         if not text or k <= 0:
             return Draft([], source=self.name)

@@ -54,7 +54,7 @@ class StructureGuessDrafter:
         return probe if probe.advance(ids) == len(ids) else None
 
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
-                text: str | None = None) -> Draft:
+                text: str | None = None, room: int | None = None) -> Draft:
         if k <= 0 or constraint.mode != "json" or not context:
             return Draft([], source=self.name)
         if text is None:

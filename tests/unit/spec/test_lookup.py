@@ -50,13 +50,14 @@ def _json(tok):
                               eos_token_ids=[tok.eos_token_id])
 
 
-def _propose(tok, written: str, k: int = 8, prompt: str = PROMPT) -> str:
+def _propose(tok, written: str, k: int = 8, prompt: str = PROMPT, room: int | None = None) -> str:
     """What the lookup proposes after the prompt and `written` (a JSON prefix the constraint has accepted)."""
     constraint = _json(tok)
     ids = tok.encode(written, add_special_tokens=False)
     assert constraint.advance(ids) == len(ids)
-    draft = PromptLookupDrafter(tok).propose(tok.encode(prompt, add_special_tokens=False) + ids, constraint, k, 0.0)
-    assert draft.source == "lookup" and len(draft.tokens) <= k
+    draft = PromptLookupDrafter(tok).propose(tok.encode(prompt, add_special_tokens=False) + ids, constraint, k, 0.0,
+                                             room=room)
+    assert draft.source == "lookup" and len(draft.tokens) <= max(k, room or k)
     return tok.decode(draft.tokens)
 
 
@@ -76,6 +77,15 @@ def test_a_value_start_copies_from_a_word_start(tok):
     # ` "c` last occurred in the key `, "city"`, and `c` last inside a word ("record"): the value is the address
     prompt = "Write to c.okafor@luth.example.ng about the record.\n"
     assert _propose(tok, '{"name": "Chinwe", "city": "c', prompt=prompt).startswith(".okafor@")
+
+
+def test_a_copy_finishes_its_word_where_the_step_has_room(tok):
+    prompt = "Write to grace.hopper@navy.example.mil about the COBOL standard.\n"
+    written = '{"name": "Grace", "city": "gr'
+    assert len(tok.encode(_propose(tok, written, k=2, prompt=prompt), add_special_tokens=False)) == 2
+    assert _propose(tok, written, k=2, prompt=prompt, room=32) == "ace.hopper@navy.example.mil"
+    k2 = _propose(tok, '{"name": "Gr', k=2, prompt="Grace Hopper wrote it.\n", room=32)  # a short word: k rules
+    assert k2.startswith("ace") and len(tok.encode(k2, add_special_tokens=False)) == 2
 
 
 def test_proposals_stay_within_k_and_the_grammar(tok):
