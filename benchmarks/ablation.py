@@ -24,9 +24,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "target-only": dict(enable_speculative=False),
     "all": {},
     "no-arbitration": dict(draft_arbitration=False),
-    "forced-only": dict(use_prompt_lookup=False, use_draft_model=False),
-    "lookup-only": dict(use_forced_text=False, use_draft_model=False),
-    "model-only": dict(use_forced_text=False, use_prompt_lookup=False),
+    "forced-only": dict(use_prompt_lookup=False, use_structure_guesses=False, use_draft_model=False),
+    "lookup-only": dict(use_forced_text=False, use_structure_guesses=False, use_draft_model=False),
+    "model-only": dict(use_forced_text=False, use_prompt_lookup=False, use_structure_guesses=False),
     "forced+lookup": dict(use_draft_model=False),
     "no-guesses": dict(use_structure_guesses=False),
     # caps replace only the modes they name: text keeps its own cap
@@ -173,14 +173,14 @@ def summarize(rows: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]
 
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["| variant | decode-only speedup (median) | acceptance | tokens/pass | identical | forced | lookup | "
-             "draft model |", "|---|---|---|---|---|---|---|---|"]
+             "guesses | draft model |", "|---|---|---|---|---|---|---|---|---|"]
     for v, s in summary.items():
         def d(name: str) -> str:
             p = s["per_drafter"].get(name)
             return (f"{p['accepted']}/{p['proposed']} (overruled {p.get('overruled', 0)})" if p else "-")
         sp = f"{s['decode_speedup']:.2f}x" if s["decode_speedup"] else "-"
         lines.append(f"| {v} | {sp} | {s['acceptance']:.0%} | {s['tokens_per_pass']:.2f} | {s['identical']}/"
-                     f"{s['prompts']} | {d('forced')} | {d('lookup')} | {d('model')} |")
+                     f"{s['prompts']} | {d('forced')} | {d('lookup')} | {d('guess')} | {d('model')} |")
     lines += ["", "| variant | " + " | ".join(PARTS) + " |", "|---|" + "---|" * len(PARTS)]
     for v, s in summary.items():
         lines.append(f"| {v} | " + " | ".join(f"{s['shares'][p]:.0%}" for p in PARTS) + " |")

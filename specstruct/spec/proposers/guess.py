@@ -1,6 +1,8 @@
 """Structure guesses: where a JSON grammar has a choice but one answer is structural and likely, propose it, then
 the text the grammar forces after it.
 
+  - a string may end here     where prompt lookup's source goes on with a clause's end (`Hopper, 85`, `Kyoto;`),
+                              propose its closing quote and end (`",`, else `"}`, else `"]`)
   - a number may end here     propose its end (`,`, else `}`, else `]`: the first the grammar takes)
   - a key opens here          propose the next property the schema declares (in its order) that the grammar takes
   - an object or array closes  propose `,` (another item or property follows)
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
 from specstruct.spec.interfaces import Draft
+from specstruct.spec.proposers.lookup import CLAUSE_END, copy_from, in_string
 
 ENDS = (",", "}", "]")  # a number's end, most likely first
 MAX_KEYS = 32  # keys tried at one choice point (each a grammar probe), from the one after the key written last
@@ -62,7 +65,7 @@ class StructureGuessDrafter:
         keys: Sequence[str] = getattr(constraint, "keys", ())
         out = constraint.forced_text()
         for _ in range(ROUNDS):
-            guess = self._guess(constraint, text[-TAIL:] + out, out, keys)
+            guess = self._guess(constraint, text + out, out, keys)
             if guess is None:
                 break
             out += guess
@@ -76,8 +79,12 @@ class StructureGuessDrafter:
         n = constraint.advance(ids)
         return Draft(list(ids[:n]), source=self.name)
 
-    def _guess(self, constraint: Constraint, tail: str, out: str, keys: Sequence[str]) -> str | None:
-        """The structural text likely next after `out` (whose grammar state is a choice), or None."""
+    def _guess(self, constraint: Constraint, text: str, out: str, keys: Sequence[str]) -> str | None:
+        """The structural text likely next after `out` (whose grammar state is a choice; `text` ends with it), or
+        None."""
+        tail = text[-TAIL:]
+        if in_string(tail) and (at := copy_from(text, json=True)) >= 0 and CLAUSE_END.match(text, at):
+            return next((f'"{end}' for end in ENDS if self._takes(constraint, f'{out}"{end}') is not None), None)
         if tail[-1:].isdigit():
             if self._takes(constraint, out + '"') is not None:  # a digit inside a string: no number ends here
                 return None

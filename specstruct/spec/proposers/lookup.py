@@ -14,7 +14,9 @@ a space or a line break.
 
 A copy runs for the policy's length (`lookup_k`), or to the end of the word it is in where that is longer and the
 step has room: an address or a name is copied whole more often than it stops inside a word (the pass would end
-with the target writing the next piece of it).
+with the target writing the next piece of it). Inside a JSON string a copy stops where its source's clause ends
+(`Hopper|, 85`, `Kyoto|; she`, a full stop, a line break) if the step has room for that much: a value usually ends
+there, and the structure guesses (guess.py) close the string and go on with the next key in the same pass.
 
 Elsewhere a match needs MIN_MATCH characters: on the code and prose benches shorter ones were right 5 times in 115,
 longer ones 48 in 98 (`python -m benchmarks.lookup_trace --scenario code --limit 3 --min-match 1`).
@@ -22,6 +24,7 @@ longer ones 48 in 98 (`python -m benchmarks.lookup_trace --scenario code --limit
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
@@ -31,6 +34,9 @@ STRUCTURE = '"{}[],:'  # JSON's punctuation: a match's text after the last of th
 MIN_MATCH = 4  # characters a match needs outside JSON
 MAX_SUFFIX = 64  # characters of the context's end tried as the match (the longest that occurs earlier wins)
 CHARS_PER_TOKEN = 6  # continuation characters tokenized per requested token (plus a few)
+# Where a copied JSON string likely ends: punctuation and a space, an opening bracket, a sentence's full stop (not an
+# abbreviation's), or a line break (which a JSON string cannot hold)
+CLAUSE_END = re.compile(r"[,;:)]\s|\s\(|(?<=\w\w)(?<!Dr|Mr|Ms|St|Jr|Sr|Co|vs)(?<!Mrs|Inc|Ltd)\.(?:\s|$)|(?=\n)")
 
 
 def longest_earlier(text: str, limit: int = MAX_SUFFIX) -> tuple[int, int]:
@@ -73,6 +79,27 @@ def word_start(text: str, value: str, tries: int = 64) -> int:
     return -1
 
 
+def in_string(text: str) -> bool:
+    """Whether JSON `text` ends inside a string, after a letter or digit of it."""
+    value = _value(text)
+    return 0 < len(value) < len(text) and text[-len(value) - 1] == '"' and value[-1].isalnum()
+
+
+def copy_from(text: str, json: bool) -> int:
+    """Where in `text` the continuation that prompt lookup copies starts (the end of its match), or -1 where no
+    match is worth copying from."""
+    length, end = longest_earlier(text)
+    if not json:
+        return end if length >= MIN_MATCH else -1
+    if not (length > 0 and _holds_value(text[len(text) - length :])):
+        return -1
+    value = _value(text)
+    around = text[len(text) - length : len(text) - len(value)]  # what the match holds besides the value
+    if not around.strip(STRUCTURE + " ") and (at := word_start(text, value)) >= 0:
+        return at  # the match holds only the value and punctuation: copy from where the value starts a word
+    return end
+
+
 class PromptLookupDrafter:
     name = "lookup"
     reads_text = True
@@ -80,33 +107,34 @@ class PromptLookupDrafter:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
                 text: str | None = None, room: int | None = None) -> Draft:
         if k <= 0 or not context:
             return Draft([], source=self.name)
         if text is None:
             text = self.tokenizer.decode(list(context))
-        length, end = longest_earlier(text)
-        if constraint.mode == "json":
-            useful = length > 0 and _holds_value(text[len(text) - length :])
-            value = _value(text)
-            around = text[len(text) - length : len(text) - len(value)]  # what the match holds besides the value
-            if useful and not around.strip(STRUCTURE + " ") and (at := word_start(text, value)) >= 0:
-                end = at  # the match holds only the value and punctuation: copy from where the value starts a word
-        else:
-            useful = length >= MIN_MATCH
-        if not useful:
+        end = copy_from(text, constraint.mode == "json")
+        if end < 0:
             return Draft([], source=self.name)
         room = max(k, room or k)
         span = CHARS_PER_TOKEN * room + 8
         follow = text[end : end + span]
-        ids = self.tokenizer.encode(follow, add_special_tokens=False)
+        if constraint.mode == "json" and in_string(text) and (m := CLAUSE_END.search(text, end, end + span)):
+            clause = self._encode(follow[: m.start() - end])  # the value likely ends there: the guess drafter
+            if len(clause) <= room:  # closes it, and the pass goes on with the next key
+                return self._legal(clause, constraint)
+        ids = self._encode(follow)
         if end + span < len(text) and len(ids) > 1:
             ids = ids[:-1]  # the span may end inside a word: its last token is a fragment
         take = k
         word = len(follow.split(maxsplit=1)[0]) if follow[:1].strip() else 0  # the rest of the word being copied
         if room > k and word:
-            take = min(room, max(k, len(self.tokenizer.encode(follow[:word], add_special_tokens=False))))
-        ids = ids[:take]
+            take = min(room, max(k, len(self._encode(follow[:word]))))
+        return self._legal(ids[:take], constraint)
+
+    def _legal(self, ids: list[int], constraint: Constraint) -> Draft:
         n = constraint.advance(ids)
         return Draft(list(ids[:n]), source=self.name)

@@ -19,15 +19,15 @@ ORDER = {"type": "object", "required": ["items"], "properties": {"items": {"type
     "type": "object", "required": ["q"], "properties": {"q": {"type": "integer"}}}}}}
 
 
-def _propose(tok, schema, written: str, mode: str = "json", k: int = 16) -> str:
+def _propose(tok, schema, written: str, mode: str = "json", k: int = 16, prompt: str = "Extract: ") -> str:
     """What the drafter proposes after `written` (an output prefix the constraint has accepted)."""
     source = json.dumps(schema) if mode == "json" else None
     constraint = compile_constraint(ConstraintSpec(mode, source, mode), tok, vocab_size=len(tok),
                                     eos_token_ids=[tok.eos_token_id])
     ids = tok.encode(written, add_special_tokens=False)
     assert constraint.advance(ids) == len(ids)
-    draft = StructureGuessDrafter(tok).propose(tok.encode("Extract: ", add_special_tokens=False) + ids,
-                                               constraint, k, 0.0)
+    context = tok.encode(prompt, add_special_tokens=False) + ids
+    draft = StructureGuessDrafter(tok).propose(context, constraint, k, 0.0, text=tok.decode(context))
     assert draft.source == "guess" and len(draft.tokens) <= k
     return tok.decode(draft.tokens)
 
@@ -41,6 +41,16 @@ def _propose(tok, schema, written: str, mode: str = "json", k: int = 16) -> str:
 ])
 def test_guesses(tok, written, expected):
     assert _propose(tok, ORDER if "items" in written else PERSON, written) == expected
+
+
+@pytest.mark.parametrize("written, expected", [
+    ('{"name": "Erik Lindqvist', '", "age": '),  # the source goes on with ", 31": the string ends, the next key
+    ('{"name": "Erik", "city": "Gothenburg', '"}'),  # a full stop; no property is left to write
+    ('{"name": "Erik Lind', ""),  # inside a word of the source
+])
+def test_a_string_ends_where_the_copied_clause_does(tok, written, expected):
+    prompt = "Extract: Erik Lindqvist, 31, a marine biologist from Gothenburg.\n"
+    assert _propose(tok, PERSON, written, prompt=prompt) == expected
 
 
 def test_guesses_stay_within_k(tok):

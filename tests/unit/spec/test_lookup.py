@@ -84,8 +84,19 @@ def test_a_copy_finishes_its_word_where_the_step_has_room(tok):
     written = '{"name": "Grace", "city": "gr'
     assert len(tok.encode(_propose(tok, written, k=2, prompt=prompt), add_special_tokens=False)) == 2
     assert _propose(tok, written, k=2, prompt=prompt, room=32) == "ace.hopper@navy.example.mil"
-    k2 = _propose(tok, '{"name": "Gr', k=2, prompt="Grace Hopper wrote it.\n", room=32)  # a short word: k rules
+    prompt = "Grace Hopper wrote it on a ship in the harbour at night\n"
+    k2 = _propose(tok, '{"name": "Gr', k=2, prompt=prompt, room=8)  # a short word, no clause's end in reach: k rules
     assert k2.startswith("ace") and len(tok.encode(k2, add_special_tokens=False)) == 2
+
+
+@pytest.mark.parametrize("written, copy", [
+    ('{"name": "Erik L', "indqvist"),  # the source goes on with ", 31,": the copy stops at the clause's end
+    ('{"name": "Erik Lindqvist", "city": "Gothe', "nburg"),  # a sentence's full stop
+    ('{"name": "Erik", "city": "Tam', "pere"),  # a line break: a JSON string holds none
+])
+def test_a_string_copy_stops_where_its_clause_ends(tok, written, copy):
+    assert _propose(tok, written, k=3, room=8, prompt=PROMPT + "Ship to Tampere\nby Friday") == copy
+    assert _propose(tok, '{"name": "Northwind T', k=3, room=8).startswith("raders")  # no clause's end in reach
 
 
 def test_proposals_stay_within_k_and_the_grammar(tok):
