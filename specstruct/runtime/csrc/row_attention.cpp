@@ -10,7 +10,9 @@
 // number of visible keys and the head size: dot products in 16 lanes (lane = input index mod 16) reduced by a
 // fixed tree, the softmax's sum the same way over keys, and the weighted sum of values in increasing key order.
 // No order depends on the number of rows in the call, a row's place among them, or the thread split. The
-// exponential is a Cephes-style polynomial (about 1 ulp), the same code for every row.
+// exponential is a Cephes-style polynomial (about 1 ulp), the same code for every row. For speed, keys are scored
+// eight at a time (independent chains, their sums reduced together by the same tree: the same bits) and each value
+// row is read once for all the query heads of its KV head, not once per head.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -66,21 +68,81 @@ static inline float exp_shifted(float* __restrict x, int64_t n, float m) {
   return s;
 }
 
-// One (row, KV head) of G query heads over `seen` keys, C = D / 16 vectors per head (held in registers):
-// scores q.k in 16 lanes then hsum, softmax, then sum_j p_j v_j in increasing j, divided by the softmax's sum.
+// hsum of each of 8 vectors at once, the same adds in the same pairs (so the same bits): lanes i and i + 8, then
+// i and i + 4, then (0 + 2) and (1 + 3), then those two; each step packs two vectors' halves into one.
+static inline void hsum8(const v16* a, float* out) {
+  v16 b[4], c[2];
+  for (int i = 0; i < 4; ++i)
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16 d = __builtin_shufflevector(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                __builtin_shufflevector(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  const v8 e = __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) +
+               __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
+  std::memcpy(out, &e, sizeof e);
+}
+
+// The scores q.k of G query heads against `seen` keys, C = D / 16 vectors per head: each in 16 lanes then hsum,
+// KB keys at a time (independent chains; the order within each score is the same for the last keys, one at a time).
 template <int C>
-static void one_row(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t seen,
-                    float* p) {
+static void scores(const float* q, const float* k, int64_t G, int64_t seen, float* p) {
   constexpr int64_t D = C * W;
-  for (int64_t j = 0; j < seen; ++j) {
-    v16 kj[C];
-    for (int c = 0; c < C; ++c) kj[c] = load(k + j * D + c * W);
+  constexpr int64_t KB = 8;  // = hsum8's vectors
+  int64_t j = 0;
+  for (; j + KB <= seen; j += KB) {
+    const float* kb = k + j * D;
+    for (int64_t g = 0; g < G; ++g) {
+      v16 acc[KB] = {};
+      for (int c = 0; c < C; ++c) {
+        const v16 qc = load(q + g * D + c * W);
+        for (int64_t b = 0; b < KB; ++b) acc[b] += qc * load(kb + b * D + c * W);
+      }
+      hsum8(acc, p + g * seen + j);
+    }
+  }
+  for (; j < seen; ++j) {
     for (int64_t g = 0; g < G; ++g) {
       v16 acc = {};
-      for (int c = 0; c < C; ++c) acc += load(q + g * D + c * W) * kj[c];
+      for (int c = 0; c < C; ++c) acc += load(q + g * D + c * W) * load(k + j * D + c * W);
       p[g * seen + j] = hsum(acc);
     }
   }
+}
+
+// One (row, KV head) of G query heads over `seen` keys: scores, softmax, then sum_j p_j v_j in increasing j,
+// divided by the softmax's sum. G known here: the values are read once for all G heads, CW vectors of each at a
+// time (G * CW accumulators in registers), where a loop per head would read them G times.
+template <int C, int G>
+static void one_row(const float* q, const float* k, const float* v, float* out, int64_t seen, float* p) {
+  constexpr int64_t D = C * W;
+  constexpr int CW = (G + 1) * 4 <= 28 ? std::min(C, 4) : std::min(C, 2);
+  scores<C>(q, k, G, seen, p);
+  float total[G];
+  for (int g = 0; g < G; ++g) total[g] = exp_shifted(p + g * seen, seen, *std::max_element(p + g * seen, p + (g + 1) * seen));
+  for (int c0 = 0; c0 < C; c0 += CW) {
+    v16 o[G][CW] = {};
+    for (int64_t j = 0; j < seen; ++j) {
+      v16 vj[CW];
+      for (int c = 0; c < CW; ++c) vj[c] = load(v + j * D + (c0 + c) * W);
+      for (int g = 0; g < G; ++g) {
+        const float w = p[g * seen + j];
+        for (int c = 0; c < CW; ++c) o[g][c] += w * vj[c];
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < CW; ++c) store(out + g * D + (c0 + c) * W, o[g][c] / total[g]);
+  }
+}
+
+// Any G: the same computation, the values read once per head.
+template <int C>
+static void one_row_any_g(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t seen,
+                          float* p) {
+  constexpr int64_t D = C * W;
+  scores<C>(q, k, G, seen, p);
   for (int64_t g = 0; g < G; ++g) {
     float* pg = p + g * seen;
     const float total = exp_shifted(pg, seen, *std::max_element(pg, pg + seen));
@@ -90,6 +152,22 @@ static void one_row(const float* q, const float* k, const float* v, float* out, 
       for (int c = 0; c < C; ++c) o[c] += w * load(v + j * D + c * W);
     }
     for (int c = 0; c < C; ++c) store(out + g * D + c * W, o[c] / total);
+  }
+}
+
+template <int C>
+static void one_row_c(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t seen,
+                      float* p) {
+  switch (G) {  // the usual query heads per KV head; the values summed in the same order either way
+    case 1: one_row<C, 1>(q, k, v, out, seen, p); break;
+    case 2: one_row<C, 2>(q, k, v, out, seen, p); break;
+    case 3: one_row<C, 3>(q, k, v, out, seen, p); break;
+    case 4: one_row<C, 4>(q, k, v, out, seen, p); break;
+    case 5: one_row<C, 5>(q, k, v, out, seen, p); break;
+    case 6: one_row<C, 6>(q, k, v, out, seen, p); break;
+    case 7: one_row<C, 7>(q, k, v, out, seen, p); break;
+    case 8: one_row<C, 8>(q, k, v, out, seen, p); break;
+    default: one_row_any_g<C>(q, k, v, out, G, seen, p);
   }
 }
 
@@ -141,10 +219,10 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
       const float *kh = kp + h * ks, *vh = vp + h * vs;
       float* ot = op + t * G * D;
       switch (D) {  // the usual head sizes, in registers; any other, one float at a time
-        case 16: one_row<1>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 32: one_row<2>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 64: one_row<4>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 128: one_row<8>(qt, kh, vh, ot, G, seen, p.data()); break;
+        case 16: one_row_c<1>(qt, kh, vh, ot, G, seen, p.data()); break;
+        case 32: one_row_c<2>(qt, kh, vh, ot, G, seen, p.data()); break;
+        case 64: one_row_c<4>(qt, kh, vh, ot, G, seen, p.data()); break;
+        case 128: one_row_c<8>(qt, kh, vh, ot, G, seen, p.data()); break;
         default: one_row_any(qt, kh, vh, ot, G, D, seen, p.data());
       }
     }
