@@ -104,7 +104,7 @@ def _emit(engine: Any, prompt: Any, output_type: Any, stream: bool, stats: bool,
 
 _MODEL = typer.Option("qwen2.5-coder-1.5b", "--model", "-m", help="Registry name, local folder, .gguf file or hub id.")
 _DRAFT = typer.Option(None, "--draft", "-d", help="Draft model (same forms). Default: the registry's paired draft.")
-_NO_DRAFT = typer.Option(False, "--no-draft", help="Speculate without a draft model (forced text + prompt lookup only).")
+_NO_DRAFT = typer.Option(False, "--no-draft", help="Speculate without a draft model (forced text, prompt lookup and structure guesses only).")
 _STATS = typer.Option(False, "--stats", help="Print decoding stats (acceptance per drafter, k histogram) to stderr.")
 _MAX = typer.Option(None, "--max-new-tokens", "-n", min=1, help="Token budget (default 512). Structured output "
                     "that runs out exits with code 5; free text is cut there.")

@@ -9,5 +9,5 @@
     prefill_budget  how many prompt tokens a step may prefill beside the decoding rows
     stops           stop strings, checked incrementally
     interfaces      the Protocols at the seams: Drafter, Policy, Runtime
-    proposers/      forced text, prompt lookup, the draft model (draft_model: one packed pass per position)
+    proposers/      forced text, prompt lookup, structure guesses, the draft model (draft_model: one pass per position)
 """

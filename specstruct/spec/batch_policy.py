@@ -61,7 +61,7 @@ def goodput(policy: AdaptivePolicy, demands: list[Demand], ks: list[int]) -> flo
 
 
 def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[bool]) -> list[int]:
-    """How many of each row's free candidates (forced text, prompt lookup) a batched pass should verify.
+    """How many of each row's free candidates (forced text, prompt lookup, guesses) a batched pass should verify.
 
     `chains[i]` holds, per candidate of row i in order, its drafter's acceptance rate; the j-th candidate is worth
     the product of the rates up to it (it counts only if every one before it is accepted), and each costs one row

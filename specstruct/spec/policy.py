@@ -4,7 +4,7 @@ Reads the output mode (long drafts for JSON, code and grammars; short ones for f
 per mode and drafter (moving averages), and the measured costs: a target pass over r rows, T(r), and a draft-model
 step, c * T(1). With acceptance a and k drafted tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a)
 tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
-when the best k beats k = 0; free drafters (forced text, prompt lookup) cost only the extra verification rows.
+when the best k beats k = 0; free drafters (forced text, prompt lookup, guesses) cost only the extra verification rows.
 
 Prompt lookup is judged differently: its first token is a guess (did the text written last recur where the
 output copies from?) and the tokens after an accepted first one are a copy, right far more often. It keeps two

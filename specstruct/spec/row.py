@@ -179,7 +179,7 @@ class Row:
         return [token]
 
     def draft_free(self, alone: bool = True) -> "Step":
-        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup) on a fork of the constraint;
+        """Plan, then draft with the zero-cost drafters (forced text, prompt lookup, guesses) on a fork of the constraint;
         `alone`: the row has this pass to itself."""
         plan = self._plan(alone)
         budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token

@@ -63,7 +63,7 @@ def verify_sampling(
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """Speculative sampling. p [k+1, V] target distributions; q[i] the drafter's distribution [V] for candidate i,
-    or None for a point mass on x_i (zero-cost drafters: forced text, prompt lookup).
+    or None for a point mass on x_i (zero-cost drafters: forced text, prompt lookup, structure guesses).
 
     Accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); on rejection sample from the residual
     norm(max(0, p_i - q_i)), which for a point mass is p_i with x_i removed. The output is distributed exactly as

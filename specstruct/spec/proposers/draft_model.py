@@ -6,7 +6,7 @@ bonus token) and yields its first draft token; each further pass feeds one token
 only once the policy first gives it the draft model, a chunk per step (`feed_only` jobs) while the row goes on
 with its free drafters: a row that never drafts with the model costs the draft nothing, not even its prompt.
 
-Arbitration (greedy rows, `SpecConfig.draft_arbitration`): the free candidates (forced text, prompt lookup) come
+Arbitration (greedy rows, `SpecConfig.draft_arbitration`): the free candidates (forced text, prompt lookup, guesses) come
 as a `hint`. They go through the draft in the first pass, which syncs its cache anyway; the draft keeps the
 hint's longest prefix that equals its own greedy choice under the mask and continues with its own tokens from
 there. A wrong lookup span then no longer wastes every draft token chained after it (docs/benchmarks.md has
