@@ -20,7 +20,11 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_token(logits: torch.Tensor, mask: torch.Tensor) -> int:
-    """The target's choice under the mask (ties go to the lowest id, as torch.argmax does)."""
+    """The target's choice under the mask (ties go to the lowest id, as torch.argmax does). Where the unmasked
+    argmax is allowed it is the answer (no lower id holds its value), and the mask need not be applied."""
+    top = int(torch.argmax(logits))
+    if bool(mask[top]):
+        return top
     return int(torch.argmax(masked_logits(logits, mask)))
 
 

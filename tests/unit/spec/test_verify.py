@@ -83,3 +83,16 @@ def test_top_p_keeps_the_nucleus_only():
     probs = distribution(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), torch.ones(4, dtype=torch.bool), 1.0, 0.7)
     assert probs[2] == 0 and probs[3] == 0
     assert torch.allclose(probs[:2], torch.tensor([0.625, 0.375]))
+
+
+def test_greedy_token_is_the_masked_argmax_ties_to_the_lowest_id():
+    from specstruct.spec.verify import greedy_token, masked_logits
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        logits = torch.randint(-3, 4, (64,), generator=gen).float()  # few values: many ties
+        if trial % 5 == 0:
+            logits[torch.randint(0, 64, (8,), generator=gen)] = float("-inf")
+        mask = torch.rand(64, generator=gen) < (0.05 if trial % 3 == 0 else 0.7)
+        mask[int(torch.randint(0, 64, (1,), generator=gen))] = True
+        assert greedy_token(logits, mask) == int(torch.argmax(masked_logits(logits, mask)))
