@@ -6,6 +6,8 @@ the text the grammar forces after it.
   - a number may end here     propose its end (`,`, else `}`, else `]`: the first the grammar takes)
   - a key opens here          propose the next property the schema declares (in its order) that the grammar takes
   - an object or array closes  propose `,` (another item or property follows)
+  - a value opens here        where the grammar lets it be a string or an object (or null, a number, ...): `"`,
+                              else `{` (the target writes the first letters of the value as its bonus token)
 
 An extraction writes `"age": 47` then `,` and the next key; the target spends one pass on each digit and one on the
 end, and with forced text alone it spends another on each optional key (the grammar cannot force `"age"` where the
@@ -89,6 +91,8 @@ class StructureGuessDrafter:
             if self._takes(constraint, out + '"') is not None:  # a digit inside a string: no number ends here
                 return None
             return next((end for end in ENDS if self._takes(constraint, out + end) is not None), None)
+        if tail.rstrip().endswith(('":', "[")):  # after a key, or in an array
+            return next((o for o in ('"', "{") if self._takes(constraint, out + o) is not None), None)
         if tail[-1:] in ("}", "]"):
             return "," if self._takes(constraint, out + ",") is not None else None
         if keys and tail.endswith('"') and tail[:-1].rstrip()[-1:] in ("{", ","):

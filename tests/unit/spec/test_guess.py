@@ -15,6 +15,8 @@ from specstruct.spec.proposers.guess import StructureGuessDrafter
 
 PERSON = {"type": "object", "required": ["name", "city"],
           "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
+NOTE = {"type": "object", "required": ["name", "note"],
+        "properties": {"name": {"type": "string"}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
 ORDER = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": {
     "type": "object", "required": ["q"], "properties": {"q": {"type": "integer"}}}}}}
 
@@ -38,9 +40,12 @@ def _propose(tok, schema, written: str, mode: str = "json", k: int = 16, prompt:
     ('{"name": "Erik", "age": 31, "city": "Go', ""),  # inside a string: no structure to guess
     ('{"name": "R2', ""),  # a digit inside a string is not a number's end
     ('{"items": [{"q": 3', '}, {"q": '),  # the last property's number: the object closes, another item follows
+    ('{"items": [', '{"q": '),  # a value opens where the grammar takes an object (or the array's end)
+    ('{"name": "Erik", "note": ', '"'),  # a string or null: the string
 ])
 def test_guesses(tok, written, expected):
-    assert _propose(tok, ORDER if "items" in written else PERSON, written) == expected
+    schema = ORDER if "items" in written else NOTE if "note" in written else PERSON
+    assert _propose(tok, schema, written) == expected
 
 
 @pytest.mark.parametrize("written, expected", [
