@@ -115,7 +115,8 @@ class SpecConfig(BaseModel):
     max_candidates: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_CAPS))
     use_forced_text: bool = True
     use_prompt_lookup: bool = True
-    # In JSON, propose a number's end, the next key in schema order and another item where the grammar has a choice.
+    # In JSON, where the grammar has a choice, propose a string's or number's end, the next key in schema order, a
+    # value's opening quote and another item (spec/proposers/guess.py).
     use_structure_guesses: bool = True
     use_draft_model: bool = True
     # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.

@@ -126,6 +126,9 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
     return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode, keys=keys)
 
 
+_DATA = ("const", "default", "enum", "examples")  # keywords whose values are instances, not schemas
+
+
 def property_names(schema: Any) -> tuple[str, ...]:
     """Every property name `schema` declares, each once: an object's properties together in their declared order,
     objects depth first."""
@@ -136,10 +139,11 @@ def property_names(schema: Any) -> tuple[str, ...]:
         if isinstance(node, list):
             todo.extend(reversed(node))
         elif isinstance(node, dict):
+            todo.extend(reversed([v for k, v in node.items() if k not in _DATA and k != "properties"]))
             props = node.get("properties")
-            if isinstance(props, dict):
+            if isinstance(props, dict):  # (walked first: pushed last)
                 names.update((k, None) for k in props if isinstance(k, str))
-            todo.extend(reversed(list(node.values())))
+                todo.extend(reversed(list(props.values())))  # the properties' schemas, whatever their names
     return tuple(names)
 
 

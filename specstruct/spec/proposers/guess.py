@@ -30,6 +30,7 @@ ENDS = (",", "}", "]")  # a number's end, most likely first
 MAX_KEYS = 32  # keys tried at one choice point (each a grammar probe), from the one after the key written last
 TAIL = 400  # characters of the context's end read for the key written last
 ROUNDS = 3  # guesses chained in one proposal (a number's end, then the next key, then ...)
+CHARS_PER_K = 16  # characters of the proposal's text read per candidate allowed: more cannot fit in k tokens
 
 
 def _last_key(text: str, keys: Sequence[str]) -> int:
@@ -67,6 +68,8 @@ class StructureGuessDrafter:
         keys: Sequence[str] = getattr(constraint, "keys", ())
         out = constraint.forced_text()
         for _ in range(ROUNDS):
+            if len(self._encode(out[: CHARS_PER_K * k])) >= k:  # the proposal is full: no more probes
+                break
             guess = self._guess(constraint, text + out, out, keys)
             if guess is None:
                 break
@@ -77,7 +80,10 @@ class StructureGuessDrafter:
             out += after.forced_text()
         if not out:
             return Draft([], source=self.name)
-        ids = self._encode(out)[:k]
+        ids = self._encode(out[: CHARS_PER_K * k])
+        if len(out) > CHARS_PER_K * k:
+            ids = ids[:-1]  # cut inside a word: its last token may be a fragment
+        ids = ids[:k]
         n = constraint.advance(ids)
         return Draft(list(ids[:n]), source=self.name)
 
@@ -91,7 +97,8 @@ class StructureGuessDrafter:
             if self._takes(constraint, out + '"') is not None:  # a digit inside a string: no number ends here
                 return None
             return next((end for end in ENDS if self._takes(constraint, out + end) is not None), None)
-        if tail.rstrip().endswith(('":', "[")):  # after a key, or in an array
+        opened = tail.rstrip()
+        if opened.endswith('":') or (opened.endswith("[") and opened[:-1].rstrip()[-1:] in (":", ",", "[")):
             return next((o for o in ('"', "{") if self._takes(constraint, out + o) is not None), None)
         if tail[-1:] in ("}", "]"):
             return "," if self._takes(constraint, out + ",") is not None else None
@@ -99,6 +106,7 @@ class StructureGuessDrafter:
             start = _last_key(tail, keys) + 1
             for i in range(min(MAX_KEYS, len(keys))):
                 key = keys[(start + i) % len(keys)]
-                if self._takes(constraint, f'{out}{key}"') is not None:
+                probe = self._takes(constraint, f'{out}{key}"')
+                if probe is not None and probe.forced_text().startswith(":"):  # a key, not a string in an array
                     return f'{key}"'
         return None

@@ -94,9 +94,9 @@ def copy_from(text: str, json: bool) -> int:
     if not (length > 0 and _holds_value(text[len(text) - length :])):
         return -1
     value = _value(text)
-    around = text[len(text) - length : len(text) - len(value)]  # what the match holds besides the value
-    if not around.strip(STRUCTURE + " ") and (at := word_start(text, value)) >= 0:
-        return at  # the match holds only the value and punctuation: copy from where the value starts a word
+    around = text[len(text) - length : len(text) - len(value)]  # what the match holds besides the value ('' if
+    if not around.strip(STRUCTURE + " ") and (at := word_start(text, value)) >= 0:  # it holds less than the value)
+        return at  # the match holds only (some of) the value and punctuation: copy from where the value starts a word
     return end
 
 
@@ -122,7 +122,8 @@ class PromptLookupDrafter:
         room = max(k, room or k)
         span = CHARS_PER_TOKEN * room + 8
         follow = text[end : end + span]
-        if constraint.mode == "json" and in_string(text) and (m := CLAUSE_END.search(text, end, end + span)):
+        m = CLAUSE_END.search(text, end, end + span + 1) if constraint.mode == "json" and in_string(text) else None
+        if m and m.start() < end + span:  # (a full stop at the window's edge may be inside a word: not an end)
             clause = self._encode(follow[: m.start() - end])  # the value likely ends there: the guess drafter
             if len(clause) <= room:  # closes it, and the pass goes on with the next key
                 return self._legal(clause, constraint)

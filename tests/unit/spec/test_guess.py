@@ -58,6 +58,19 @@ def test_a_string_ends_where_the_copied_clause_does(tok, written, expected):
     assert _propose(tok, PERSON, written, prompt=prompt) == expected
 
 
+def test_no_key_is_guessed_as_a_string_in_an_array(tok):
+    tagged = {"type": "object", "required": ["tags"], "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}}, "name": {"type": "string"}}}
+    assert _propose(tok, tagged, '{"tags": ["a", "') == ""
+
+
+def test_a_long_forced_text_fills_the_proposal_without_guesses(tok):
+    long = {"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "integer"}, "b": {"const": "x" * 3000}, "c": {"type": "integer"}}}
+    got = _propose(tok, long, '{"a": 3', k=8)
+    assert got.startswith(', "b": ') and len(tok.encode(got, add_special_tokens=False)) <= 8
+
+
 def test_guesses_stay_within_k(tok):
     assert len(tok.encode(_propose(tok, PERSON, '{"name": "Erik", "age": 31', k=2), add_special_tokens=False)) <= 2
 
@@ -68,5 +81,6 @@ def test_nothing_outside_json(tok):
 
 def test_property_names_in_declared_order_each_once():
     schema = {"properties": {"b": {"type": "object", "properties": {"z": {}, "a": {}}}, "a": {}, "c": {}},
-              "$defs": {"d": {"properties": {"c": {}, "y": {}}}}}
+              "$defs": {"d": {"properties": {"c": {}, "y": {}}}},
+              "default": {"properties": {"w": 1}}}  # an instance, not a schema
     assert property_names(schema) == ("b", "a", "c", "z", "y")
