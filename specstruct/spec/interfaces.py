@@ -8,7 +8,7 @@ Nothing here imports torch at module level beyond typing; implementations live i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specstruct.constraints.base import Constraint, Mode
 
@@ -26,6 +26,18 @@ class Draft:
     tokens: list[int]
     q: "torch.Tensor | None" = None
     source: str = ""
+
+    @classmethod
+    def legal(cls, ids: Sequence[int], constraint: Constraint, source: str) -> "Draft":
+        """The longest prefix of `ids` the constraint takes, with `constraint` advanced over it (a free drafter's
+        canonical tokenization of its text may overshoot what the grammar allows)."""
+        n = constraint.advance(ids)
+        return cls(list(ids[:n]), source=source)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """`text` as the tokenizer writes it, without special tokens: the free drafters' candidates."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 @runtime_checkable

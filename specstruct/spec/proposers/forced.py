@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specstruct.spec.interfaces import Constraint, Draft
+from specstruct.spec.interfaces import Constraint, Draft, encode
 
 
 class ForcedTextDrafter:
@@ -27,7 +27,5 @@ class ForcedTextDrafter:
             return Draft([], source=self.name)
         ids = self._cache.get(text)
         if ids is None:
-            ids = self._cache[text] = self.tokenizer.encode(text, add_special_tokens=False)
-        ids = ids[:k]
-        n = constraint.advance(ids)  # a canonical token can overshoot what is forced: keep the legal prefix
-        return Draft(list(ids[:n]), source=self.name)
+            ids = self._cache[text] = encode(self.tokenizer, text)
+        return Draft.legal(ids[:k], constraint, self.name)  # a canonical token can overshoot what is forced

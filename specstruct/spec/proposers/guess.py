@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
-from specstruct.spec.interfaces import Draft
+from specstruct.spec.interfaces import Draft, encode
 from specstruct.spec.proposers.lookup import CLAUSE_END, copy_from, in_string
 
 ENDS = (",", "}", "]")  # a number's end, most likely first
@@ -50,12 +50,9 @@ class StructureGuessDrafter:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def _takes(self, constraint: Constraint, text: str) -> Constraint | None:
         """A fork of `constraint` advanced over `text` (canonically tokenized), or None where the grammar refuses."""
-        ids = self._encode(text)
+        ids = encode(self.tokenizer, text)
         probe = constraint.fork()
         return probe if probe.advance(ids) == len(ids) else None
 
@@ -68,45 +65,48 @@ class StructureGuessDrafter:
         keys: Sequence[str] = getattr(constraint, "keys", ())
         out = constraint.forced_text()
         for _ in range(ROUNDS):
-            if len(self._encode(out[: CHARS_PER_K * k])) >= k:  # the proposal is full: no more probes
+            if len(encode(self.tokenizer, out[: CHARS_PER_K * k])) >= k:  # the proposal is full: no more probes
                 break
             guess = self._guess(constraint, text + out, out, keys)
             if guess is None:
                 break
-            out += guess
-            after = self._takes(constraint, out)
-            if after is None:
-                break
-            out += after.forced_text()
+            out += guess[0] + guess[1].forced_text()
         if not out:
             return Draft([], source=self.name)
-        ids = self._encode(out[: CHARS_PER_K * k])
+        ids = encode(self.tokenizer, out[: CHARS_PER_K * k])
         if len(out) > CHARS_PER_K * k:
             ids = ids[:-1]  # cut inside a word: its last token may be a fragment
-        ids = ids[:k]
-        n = constraint.advance(ids)
-        return Draft(list(ids[:n]), source=self.name)
+        return Draft.legal(ids[:k], constraint, self.name)
 
-    def _guess(self, constraint: Constraint, text: str, out: str, keys: Sequence[str]) -> str | None:
-        """The structural text likely next after `out` (whose grammar state is a choice; `text` ends with it), or
-        None."""
+    def _first(self, constraint: Constraint, out: str, options: Sequence[str]) -> tuple[str, Constraint] | None:
+        """The first of `options` the grammar takes after `out`, with the fork advanced over both, or None."""
+        for option in options:
+            probe = self._takes(constraint, out + option)
+            if probe is not None:
+                return option, probe
+        return None
+
+    def _guess(self, constraint: Constraint, text: str, out: str,
+               keys: Sequence[str]) -> tuple[str, Constraint] | None:
+        """The structural text likely next after `out` (whose grammar state is a choice; `text` ends with it) and
+        the constraint advanced over both, or None."""
         tail = text[-TAIL:]
         if in_string(tail) and (at := copy_from(text, json=True)) >= 0 and CLAUSE_END.match(text, at):
-            return next((f'"{end}' for end in ENDS if self._takes(constraint, f'{out}"{end}') is not None), None)
+            return self._first(constraint, out, [f'"{end}' for end in ENDS])
         if tail[-1:].isdigit():
             if self._takes(constraint, out + '"') is not None:  # a digit inside a string: no number ends here
                 return None
-            return next((end for end in ENDS if self._takes(constraint, out + end) is not None), None)
+            return self._first(constraint, out, ENDS)
         opened = tail.rstrip()
         if opened.endswith('":') or (opened.endswith("[") and opened[:-1].rstrip()[-1:] in (":", ",", "[")):
-            return next((o for o in ('"', "{") if self._takes(constraint, out + o) is not None), None)
+            return self._first(constraint, out, ('"', "{"))
         if tail[-1:] in ("}", "]"):
-            return "," if self._takes(constraint, out + ",") is not None else None
+            return self._first(constraint, out, (",",))
         if keys and tail.endswith('"') and tail[:-1].rstrip()[-1:] in ("{", ","):
             start = _last_key(tail, keys) + 1
             for i in range(min(MAX_KEYS, len(keys))):
-                key = keys[(start + i) % len(keys)]
-                probe = self._takes(constraint, f'{out}{key}"')
+                key = f'{keys[(start + i) % len(keys)]}"'
+                probe = self._takes(constraint, out + key)
                 if probe is not None and probe.forced_text().startswith(":"):  # a key, not a string in an array
-                    return f'{key}"'
+                    return key, probe
         return None

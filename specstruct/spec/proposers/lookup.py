@@ -28,7 +28,7 @@ import re
 from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
-from specstruct.spec.interfaces import Draft
+from specstruct.spec.interfaces import Draft, encode
 
 STRUCTURE = '"{}[],:'  # JSON's punctuation: a match's text after the last of these is the value being written
 MIN_MATCH = 4  # characters a match needs outside JSON
@@ -107,9 +107,6 @@ class PromptLookupDrafter:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
                 text: str | None = None, room: int | None = None) -> Draft:
         if k <= 0 or not context:
@@ -124,18 +121,14 @@ class PromptLookupDrafter:
         follow = text[end : end + span]
         m = CLAUSE_END.search(text, end, end + span + 1) if constraint.mode == "json" and in_string(text) else None
         if m and m.start() < end + span:  # (a full stop at the window's edge may be inside a word: not an end)
-            clause = self._encode(follow[: m.start() - end])  # the value likely ends there: the guess drafter
+            clause = encode(self.tokenizer, follow[: m.start() - end])  # the value likely ends there: the guess drafter
             if len(clause) <= room:  # closes it, and the pass goes on with the next key
-                return self._legal(clause, constraint)
-        ids = self._encode(follow)
+                return Draft.legal(clause, constraint, self.name)
+        ids = encode(self.tokenizer, follow)
         if end + span < len(text) and len(ids) > 1:
             ids = ids[:-1]  # the span may end inside a word: its last token is a fragment
         take = k
         word = len(follow.split(maxsplit=1)[0]) if follow[:1].strip() else 0  # the rest of the word being copied
         if room > k and word:
-            take = min(room, max(k, len(self._encode(follow[:word]))))
-        return self._legal(ids[:take], constraint)
-
-    def _legal(self, ids: list[int], constraint: Constraint) -> Draft:
-        n = constraint.advance(ids)
-        return Draft(list(ids[:n]), source=self.name)
+            take = min(room, max(k, len(encode(self.tokenizer, follow[:word]))))
+        return Draft.legal(ids[:take], constraint, self.name)
