@@ -16,6 +16,7 @@ import os
 import pickle
 import resource
 import signal
+import threading
 import time
 import warnings
 from typing import Any, Callable
@@ -78,9 +79,15 @@ def enter_child(keep: tuple[int, ...], memory_bytes: int, budget_s: float) -> No
     signal.alarm(int(budget_s) + 2)
 
 
+# Held by every llguidance compile in this process, and by fork(): a child forked while another thread is inside
+# llguidance's compile inherits the locks that thread holds, and hangs on the first of them (about 1 compile in 100
+# with six threads compiling schemas). Compiles in children and calls on matchers do not take it.
+COMPILING = threading.Lock()
+
+
 def fork() -> int:
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs only
-        warnings.simplefilter("ignore", DeprecationWarning)  # llguidance, numpy and pickle, takes no lock, _exits
+    with COMPILING, warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child
+        warnings.simplefilter("ignore", DeprecationWarning)  # runs only llguidance, numpy and pickle, and _exits
         return os.fork()
 
 

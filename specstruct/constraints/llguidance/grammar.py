@@ -16,7 +16,7 @@ import torch
 from specstruct.constraints.base import output_text
 from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
 from specstruct.constraints.llguidance import grammar_worker
-from specstruct.constraints.llguidance.bounded import panic, run_bounded
+from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
 from specstruct.constraints.llguidance.grammar_probe import trusted
 from specstruct.errors import ConstraintError
 
@@ -31,7 +31,9 @@ def _lltokenizer(tokenizer, table, vocab_size: int):
             import llguidance.hf
 
             try:
-                _LLTOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=max(vocab_size, table.n_real))
+                with COMPILING:
+                    _LLTOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer,
+                                                                      n_vocab=max(vocab_size, table.n_real))
             except ValueError as e:
                 raise ConstraintError(f"grammars need a fast (Rust) Hugging Face tokenizer: {e}") from e
         return _LLTOKENIZERS[key]
@@ -122,7 +124,8 @@ class GrammarConstraint:
         if grammar_worker.available() and not trusted(lark):
             matcher = grammar_worker.compile_isolated(lambda: build_matcher(lark, lltok), "the grammar")
         else:
-            matcher = build_matcher(lark, lltok)
+            with COMPILING:
+                matcher = build_matcher(lark, lltok)
         return cls(matcher, tokenizer, vocab_size, eos_ids, mode, special=_special_ids(tokenizer, vocab_size, lark))
 
     def _done(self) -> bool:

@@ -7,10 +7,10 @@ forced-bytes walk holds the GIL. The probe (grammar_probe.py) refuses such a gra
 start; one behind a long terminal (`start: P A A` with `P: /[xy]{300}/`) is reached only while generating. So a
 grammar the user wrote is compiled in a child (`compile_isolated`: under the compile limits `time_s` and
 `memory_mb`, as llguidance's compile has no clock), its matcher lives there, the probe's walks run there, and every
-call on it (mask, forced text, token steps, rollback, fork) is a message over a pipe, answered within `mask_time_s`. Past it the child
-is killed, its memory with it, and the call raises ConstraintError naming the limit: that request fails, the
-process and its other requests go on. The matcher and all its forks share one child, which dies with the last of
-them. The child runs only llguidance and pickle (no threads, no imports after the fork) and ends itself with
+call on it (mask, forced text, token steps, rollback, fork) is a message over a pipe, answered within `mask_time_s`.
+Past it the child is killed, its memory with it, and the call raises ConstraintError naming the limit: that request
+fails, the process and its other requests go on. The matcher and all its forks share one child, which dies with the
+last of them. The child runs only llguidance and pickle (no threads, no imports after the fork) and ends itself with
 SIGALRM if a call outlives the limit by 2 s, so not even a killed parent leaves it spinning.
 
 Cost (tiny tokenizer, 2-core Xeon): one call is a pipe round trip of about 30-60 us, and a step makes 2-4 of them;
@@ -167,7 +167,8 @@ class _Channel:
             self._finalizer()
             raise result
 
-    def call(self, op: str, handle: int, args: tuple, budget: float | None = None) -> tuple[Any, tuple[str, bool, bool]]:
+    def call(self, op: str, handle: int, args: tuple,
+             budget: float | None = None) -> tuple[Any, tuple[str, bool, bool]]:
         """`op` on matcher `handle`, answered within `budget` (default `mask_time_s`). Past it the child is killed
         and ConstraintError raised (TimeoutError when `budget` was given: the caller names the limit)."""
         given = budget is not None

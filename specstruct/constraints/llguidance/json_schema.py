@@ -24,7 +24,7 @@ import re
 from typing import Any, Sequence
 
 from specstruct.constraints.cache import ByteLRU
-from specstruct.constraints.llguidance.bounded import panic, run_bounded
+from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
 from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limit, llguidance_limits, too_complex
 from specstruct.constraints.schema.branches import MAX_ONE_OF, deref, rewrite_branches
@@ -114,7 +114,8 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
         # a trial in a child, under the compile limits (llguidance's compile and the rewrites have no clock of
         # their own), running only llguidance and the rewrites; then the compile here, and the language checked
         run_bounded(lambda: _template(source, lltok) and None, "the JSON schema")
-        template, schema, grammar = _template(source, lltok)
+        with COMPILING:
+            template, schema, grammar = _template(source, lltok)
         probe = GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
         if not probe.mask().any():
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "

@@ -297,3 +297,29 @@ def test_the_probe_remembers_grammars_by_digest_not_text(tok):
     make(tok, "grammar", lark_alternatives(30))
     tables = (grammar_probe._PASSED, grammar_probe._REFUSED, grammar_probe._TRUSTED)
     assert grammar_probe._PASSED and all(isinstance(k, bytes) and len(k) == 32 for t in tables for k in t)
+
+
+def test_compiles_in_threads_never_fork_a_child_that_hangs(tok):
+    """A child forked while another thread is inside llguidance's compile inherits its locks and hangs (about one
+    compile in 100 with six threads): compiles here and forks take one lock (bounded.COMPILING)."""
+    import threading
+
+    L.set_limits(time_s=8.0)
+    failures, stop = [], time.monotonic() + 6
+
+    def compile_many(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            schema = {"type": "object", "properties": {f"p{i}_{n}_{k}": {"type": "string"} for k in range(4)}}
+            try:
+                make(tok, "json", schema).mask()
+            except ConstraintError as e:
+                failures.append(str(e)[:200])
+
+    threads = [threading.Thread(target=compile_many, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
