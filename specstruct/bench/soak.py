@@ -22,12 +22,27 @@ HEALTH_LIMIT_S = 2.0
 RSS_TOLERANCE = 0.10
 
 
-def hostile_bodies(model: str) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Raw:
+    """A hostile request no JSON encoder writes: `body` sent as it is, with `header_bytes` of padding in one header
+    (a header flood, sent on a raw connection: the server may close it before the head is whole)."""
+
+    body: bytes
+    header_bytes: int = 0
+
+
+HUGE_INT = "9" * 5000  # past the 4300 digits Python reads into an int
+
+
+def hostile_bodies(model: str) -> dict[str, dict[str, Any] | Raw]:
     """Requests a hostile client sends, by name: each must end in a 4xx (or a valid reply), never a stall or a 5xx."""
     chat = [{"role": "user", "content": "Answer."}]
 
     def body(**extra: Any) -> dict[str, Any]:
         return {"model": model, "messages": chat, "max_tokens": 64, "temperature": 0, **extra}
+
+    def raw(text: str, **extra: Any) -> Raw:  # `text` replaces the string "@" in the body
+        return Raw(json.dumps(body(**extra)).replace('"@"', text).encode())
 
     tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {
         "type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(1500)]
@@ -41,6 +56,16 @@ def hostile_bodies(model: str) -> dict[str, dict[str, Any]]:
         "surrogate-property": body(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
             "type": "object", "properties": {"\ud800": {"type": "integer"}}, "required": ["\ud800"]}}}),
         "bad-regex": body(structured_outputs={"regex": "(unclosed"}),
+        "header-flood": Raw(json.dumps(body(max_tokens=2)).encode(), header_bytes=128 << 20),
+        "huge-int-max-tokens": raw(HUGE_INT, max_tokens="@"),
+        "huge-int-seed": raw(HUGE_INT, seed="@"),
+        "huge-int-unknown-field": raw(HUGE_INT, an_unknown_field=["@"]),
+        "huge-int-schema-maximum": raw(HUGE_INT, response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": {"type": "integer", "maximum": "@"}}}),
+        "nan-temperature": raw("NaN", temperature="@"),
+        "negative-seed": body(seed=-1),
+        "slow-grammar-compile": body(structured_outputs={"grammar": "start: " + " | ".join(
+            f'"w{i}x"' for i in range(20_000))}),
     }
 
 
@@ -85,11 +110,16 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-async def _hostile(client: Any, url: str, headers: dict[str, str], body: dict[str, Any], tally: Tally,
+async def _hostile(client: Any, url: str, headers: dict[str, str], body: dict[str, Any] | Raw, tally: Tally,
                    deadline_s: float) -> None:
     start = time.perf_counter()
     try:
-        data = json.dumps(body).encode()  # ASCII escapes: a lone surrogate travels as \ud800, as a client sends it
+        if isinstance(body, Raw) and body.header_bytes:
+            status, text = await asyncio.wait_for(_flood(url, headers, body), deadline_s)
+            tally.count(status, time.perf_counter() - start, "" if status < 400 else text[:300])
+            return
+        # ASCII escapes: a lone surrogate travels as \ud800, as a client sends it
+        data = body.body if isinstance(body, Raw) else json.dumps(body).encode()
         resp = await client.post(url, content=data, headers={**headers, "Content-Type": "application/json"},
                                  timeout=deadline_s)
         seconds = time.perf_counter() - start
@@ -100,6 +130,50 @@ async def _hostile(client: Any, url: str, headers: dict[str, str], body: dict[st
         tally.broken += 1
         tally.count("timeout" if "Timeout" in type(exc).__name__ else "error", time.perf_counter() - start,
                     f"{type(exc).__name__}: {exc}")
+
+
+async def _flood(url: str, headers: dict[str, str], raw: Raw) -> tuple[int, str]:
+    """POST `raw` with `raw.header_bytes` of padding in one header, on a connection of its own; (status, reply).
+    The head is written in 1 MB pieces while the reply is read: a server that refuses it early answers early."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+    lines = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
+             f"Content-Length: {len(raw.body)}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+
+    async def send() -> None:
+        try:
+            writer.write(("\r\n".join(lines) + "\r\nX-Flood: ").encode())
+            piece, left = b"a" * (1 << 20), raw.header_bytes
+            while left > 0:
+                writer.write(piece[:left])
+                await writer.drain()
+                left -= len(piece)
+            writer.write(b"\r\n\r\n" + raw.body)
+            await writer.drain()
+        except OSError:  # the server closed the connection: its answer is read below
+            pass
+
+    sender = asyncio.create_task(send())
+    try:
+        reply = await reader.read(65536)
+        while reply and b"\r\n\r\n" not in reply:
+            more = await reader.read(65536)
+            if not more:
+                break
+            reply += more
+    except OSError as exc:
+        reply = b"HTTP/1.1 000 " + str(exc).encode()
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+        writer.close()
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/") else b"0"
+    if not status.isdigit() or status == b"000":
+        raise ConnectionError(f"no HTTP reply to a header flood: {reply[:200]!r}")
+    return int(status), rest.decode("utf-8", "replace")
 
 
 async def _hang_up(client: Any, url: str, headers: dict[str, str], job: Job, tally: Tally, after_s: float) -> None:
@@ -128,7 +202,7 @@ async def _normal(client: Any, url: str, headers: dict[str, str], job: Job, tall
 
 
 async def soak(base_url: str, jobs: Sequence[Job], *, seconds: float, streams: int = 32, api_key: str | None = None,
-               hostile: dict[str, dict[str, Any]] | None = None, hostile_share: float = 0.1,
+               hostile: dict[str, dict[str, Any] | Raw] | None = None, hostile_share: float = 0.1,
                hangup_share: float = 0.1, server_pid: int | None = None, warmup_s: float = 0.0,
                deadline_s: float = 60.0, sample_every_s: float = 2.0, seed: int = 0,
                on_tick: Callable[[float], None] | None = None) -> dict[str, Any]:

@@ -55,6 +55,10 @@ def serve(
                                            help="max_tokens of a chat request that sends none."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests held at once; more get 429."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds before a request is cancelled."),
+    max_header_bytes: int = typer.Option(64 * 1024, "--max-header-bytes", min=1024, help="Larger request heads "
+                                         "(request line and headers) get 431 and are closed unread."),
+    max_header_field_bytes: int = typer.Option(16 * 1024, "--max-header-field-bytes", min=256,
+                                               help="A larger header (name and value) gets 431."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", min=1024, help="Larger bodies get 413."),
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", min=1,
                                                     help="Longer prompts get 400 (default: the model's window)."),
@@ -96,6 +100,7 @@ def serve(
             import uvicorn
 
             from specstruct.serving.openai import ServerLimits, create_app
+            from specstruct.serving.openai.http import uvicorn_options
         except ImportError as exc:
             raise fail(f"the server needs its extra ({exc}): pip install \"specstruct[server]\"", EXIT_OTHER) from None
         if api_key == "":
@@ -112,7 +117,7 @@ def serve(
         limits = ServerLimits.from_options(**locals())
         app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),
-                                timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+                                timeout_graceful_shutdown=shutdown_timeout, access_log=False, **uvicorn_options(limits))
         try:
             _AnnouncingServer(config, name, bool(api_key)).run()
         except SystemExit as exc:  # uvicorn exits 3 when it cannot start: that code means "constraint error" here

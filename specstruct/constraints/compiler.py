@@ -34,7 +34,7 @@ from specstruct.constraints.llguidance.json_schema import check_support, compile
 from specstruct.constraints.limits import check_regex, limits, too_complex
 from specstruct.constraints.outlines.automaton import AutomatonConstraint, FreeTextConstraint, _Program
 from specstruct.errors import ConstraintError
-from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer
+from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer, check_lark
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.outlines.regexes import choice_regex, json_regex
 from specstruct.constraints.outlines.token_table import TokenTable, token_table
@@ -88,8 +88,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, *, vocab_size: int, eos_
     eos = [int(e) for e in eos_token_ids] or [table.eos_id]
     if spec.kind in ("text", "code"):
         return FreeTextConstraint(table, vocab_size, eos, spec.mode, tokenizer)
-    if spec.kind == "grammar":
-        check_spec(spec)
+    if spec.kind == "grammar":  # (checked by the compile itself, under the compile limits)
         grammar = GrammarConstraint.compile(spec.source or "", tokenizer, table, vocab_size, eos, spec.mode)
         probe(grammar._m, vocab_size, (table.key, spec.source or ""), table.token_bytes)  # llguidance can loop
         if not trusted(spec.source or "") and grammar_worker.available():  # ... also deeper in than the probe goes
@@ -127,14 +126,7 @@ def check_spec(spec: ConstraintSpec, *, json_backend: str | None = None) -> str 
     if spec.kind in ("text", "code"):
         return None
     if spec.kind == "grammar":
-        from llguidance import LLMatcher
-
-        try:
-            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(spec.source or ""))
-        except (ValueError, RuntimeError) as e:
-            error = str(e)
-        if error:
-            raise ConstraintError(f"invalid Lark grammar: {error.strip()}")
+        check_lark(spec.source or "")  # in a child under the compile limits: llguidance's has no clock
         return None
     if spec.kind == "json":
         if (json_backend or default_json_backend()) == "llguidance":

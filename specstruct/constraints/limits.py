@@ -2,12 +2,14 @@
 
 A server accepts user schemas and regexes, so no compile may take the process down or hold it:
 
-- outlines_core builds its Index in native code that cannot be interrupted, and some short regexes make it
-  run for minutes or allocate tens of GB (`(a{1,1000}){1,1000}`, `maxItems: 1e9` as `{0,999999999}`). It
-  therefore runs in a separate worker process (isolate.py) under `memory_mb` (RLIMIT_AS) and `time_s`;
-- llguidance is lazy and bounded by its own fuel and size limits (`llguidance_limits()`), in-process, except for
-  loops none of them stops: a user's Lark grammar's matcher runs in a forked child (grammar_worker.py), each call
-  under `mask_time_s`;
+- every compile runs in a child process under `memory_mb` (RLIMIT_AS) and `time_s`, killed past them: outlines_core
+  builds its Index in native code that cannot be interrupted, and some short regexes make it run for minutes or
+  allocate tens of GB (`(a{1,1000}){1,1000}`, `maxItems: 1e9` as `{0,999999999}`), in a worker process
+  (isolate.py); llguidance's compile has no clock (a 200,000-alternative Lark grammar validates for minutes) and
+  panics past 65,535 grammar symbols: a user's Lark grammar is compiled in a forked child that then keeps its
+  matcher (grammar_worker.py), a JSON schema's first compile is a trial in a forked child (llguidance/bounded.py);
+- while generating, llguidance is bounded by its own fuel and size limits (`llguidance_limits()`), except for
+  loops none of them stops: a user's Lark grammar's matcher stays in its child, each call under `mask_time_s`;
 - before either, `check_regex` and `check_schema` refuse inputs whose size is out of bounds, naming the limit.
 
 Every refusal is a ConstraintError that says which limit was hit and how to raise it. The defaults keep a
@@ -30,8 +32,8 @@ from specstruct.errors import ConstraintError
 
 @dataclass(frozen=True)
 class CompileLimits:
-    time_s: float = 30.0            # wall time of one outlines_core compile (worker process killed past it)
-    memory_mb: int = 4096           # address space the compile worker may add (RLIMIT_AS)
+    time_s: float = 30.0            # wall time of one compile, any kind or backend (its child killed past it)
+    memory_mb: int = 4096           # address space a compile's child may add (RLIMIT_AS)
     cache_mb: int = 2048            # compiled constraints kept in memory (LRU by bytes)
     disk_cache_mb: int = 4096       # compiled indexes kept on disk (oldest files pruned past it)
     max_repeat: int = 10_000        # largest counted repetition {m,n} in a regex

@@ -17,8 +17,11 @@ def running(app: Any) -> Iterator[str]:
     """Serve `app` until the block ends; yields the base URL (`http://127.0.0.1:PORT/v1`)."""
     import uvicorn
 
+    from specstruct.serving.openai import uvicorn_options
+
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           timeout_graceful_shutdown=2))
+                                           timeout_graceful_shutdown=2,
+                                           **uvicorn_options(app.state.specstruct.limits)))  # as `specstruct serve`
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

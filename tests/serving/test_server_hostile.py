@@ -143,3 +143,122 @@ def test_tool_grammar_is_built_off_the_event_loop(http, monkeypatch):
     assert time.monotonic() - t0 < 1.0  # not queued behind the 2 s grammar build
     worker.join(60)
     assert result["r"].status_code == 200, result["r"].text
+
+
+@pytest.fixture(scope="module")
+def small_heads():
+    """A server whose header limits are small, so that a few hundred KB prove the rule."""
+    limits = ServerLimits(max_header_bytes=8192, max_header_field_bytes=2048)
+    with running(create_app(tiny_engine(), served_model_name=MODEL, api_key=KEY, limits=limits)) as base:
+        yield base
+
+
+def raw(base: str, head: bytes, timeout: float = 10) -> tuple[bytes, float]:
+    """Send `head` (a request head, sent whole whatever the server does) on a new connection; (the reply, seconds
+    until it came)."""
+    import socket
+    import threading
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base)
+    sock = socket.create_connection((url.hostname, url.port), timeout=timeout)
+
+    def send():
+        try:
+            sock.sendall(head)
+        except OSError:  # the server closed the connection: it has answered
+            pass
+
+    start = time.monotonic()
+    threading.Thread(target=send, daemon=True).start()
+    reply = b""
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return reply, time.monotonic() - start
+
+
+def head(*headers: str, path: str = "/v1/models") -> bytes:
+    return (f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
+
+
+@pytest.mark.parametrize("headers", [
+    ["X-Flood: " + "a" * 400_000],                          # one huge header
+    [f"X-Many-{i}: " + "b" * 1000 for i in range(400)],     # many small ones
+    ["Authorization: Bearer " + "k" * 400_000],             # before the key is checked
+])
+def test_oversized_headers_get_431_unread(small_heads, headers):
+    reply, seconds = raw(small_heads, head(*headers))
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:300]
+    assert b"8192" in reply and b"--max-header-bytes" in reply
+    assert seconds < 5
+
+
+def test_one_oversized_header_gets_431(small_heads):
+    """Under the total limit, one header past the per-header limit: a 431 naming it, before the API key."""
+    reply, _ = raw(small_heads, head("X-Big: " + "c" * 3000))
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:300]
+    assert b"x-big" in reply and b"2048" in reply and b"--max-header-field-bytes" in reply
+    with httpx.Client(base_url=small_heads, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        assert client.get("/models", headers={"X-Fine": "d" * 1500}).status_code == 200
+
+
+def test_health_answers_during_a_header_flood(small_heads):
+    import threading
+    import time
+
+    done = threading.Event()
+
+    def flood():
+        while not done.is_set():
+            raw(small_heads, head("X-Flood: " + "e" * 2_000_000))
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with httpx.Client() as client:
+            for _ in range(10):
+                t0 = time.monotonic()
+                assert client.get(small_heads.removesuffix("/v1") + "/health").status_code == 200
+                assert time.monotonic() - t0 < 0.5
+    finally:
+        done.set()
+        for t in threads:
+            t.join(10)
+
+
+HUGE = "@huge@"  # written into the body as 5000 digits (Python itself reads at most 4300)
+
+
+@pytest.mark.parametrize("field", [
+    {"max_tokens": HUGE}, {"seed": HUGE}, {"an_unknown_field": HUGE}, {"an_unknown_field": [HUGE]},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "integer", "maximum": HUGE}}}},
+])
+def test_integer_too_long_to_read_is_a_400(http, field):
+    import json
+
+    body = json.dumps({"model": MODEL, "messages": LONG, "max_tokens": 2, **field}).replace('"@huge@"', "9" * 5000)
+    resp = http.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text[:500]
+    error = resp.json()["error"]
+    assert "5000 digits" in error["message"] and error["code"] == "invalid_json", error
+    assert len(resp.content) < 4096
+
+
+@pytest.mark.parametrize("text,words", [
+    ('"temperature": NaN', ["NaN", "not a number"]), ('"top_p": Infinity', ["Infinity", "not a number"]),
+    ('"seed": -1', ["seed", "greater than or equal to 0"]),
+])
+def test_numbers_json_or_the_field_does_not_allow(http, text, words):
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, %s}' % (MODEL, text)
+    resp = http.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text[:500]
+    for word in words:
+        assert word in resp.json()["error"]["message"], resp.json()

@@ -15,6 +15,9 @@ import torch
 
 from specstruct.constraints.base import output_text
 from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
+from specstruct.constraints.llguidance import grammar_worker
+from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
+from specstruct.constraints.llguidance.grammar_probe import trusted
 from specstruct.errors import ConstraintError
 
 _LLTOKENIZERS: dict[tuple, object] = {}
@@ -28,7 +31,9 @@ def _lltokenizer(tokenizer, table, vocab_size: int):
             import llguidance.hf
 
             try:
-                _LLTOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=max(vocab_size, table.n_real))
+                with COMPILING:
+                    _LLTOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer,
+                                                                      n_vocab=max(vocab_size, table.n_real))
             except ValueError as e:
                 raise ConstraintError(f"grammars need a fast (Rust) Hugging Face tokenizer: {e}") from e
         return _LLTOKENIZERS[key]
@@ -63,6 +68,43 @@ def _limit_error(error: str) -> ConstraintError:
         f"{limits().describe(hit[1])}.")
 
 
+def build_matcher(lark: str, lltok) -> Any:
+    """An LLMatcher of the Lark grammar `lark`, or ConstraintError saying what is wrong with it."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_lark(lark)
+    except (ValueError, RuntimeError) as e:
+        raise panic("the grammar", str(e)) or ConstraintError(f"invalid Lark grammar: {e}") from None
+    error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
+    if error and (known := panic("the grammar", error)):
+        raise known
+    if error:
+        raise ConstraintError(f"invalid Lark grammar: {error.strip()}\nFix the rule named above (llguidance "
+                              "Lark syntax, see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).")
+    matcher = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
+    if matcher.is_error():
+        raise panic("the grammar", matcher.get_error()) or ConstraintError(
+            f"invalid Lark grammar: {matcher.get_error()}")
+    return matcher
+
+
+def check_lark(lark: str) -> None:
+    """Refuse a Lark grammar llguidance cannot compile (ConstraintError), without a tokenizer, under the compile
+    limits (bounded.py): cheap enough to run before a model loads."""
+    from llguidance import LLMatcher
+
+    def check() -> str:
+        try:
+            return LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(lark))
+        except (ValueError, RuntimeError) as e:
+            return str(e)
+
+    error = run_bounded(check, "the grammar")
+    if error:
+        raise panic("the grammar", error) or ConstraintError(f"invalid Lark grammar: {error.strip()}")
+
+
 class GrammarConstraint:
     """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
 
@@ -76,20 +118,14 @@ class GrammarConstraint:
 
     @classmethod
     def compile(cls, lark: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
-        from llguidance import LLMatcher
-
+        """A user's grammar is compiled in its own child process (grammar_worker.compile_isolated: bounded by the
+        compile limits, its matcher kept there); one specstruct wrote itself (grammar_probe.trust), in-process."""
         lltok = _lltokenizer(tokenizer, table, vocab_size)
-        try:
-            grammar = LLMatcher.grammar_from_lark(lark)
-        except (ValueError, RuntimeError) as e:
-            raise ConstraintError(f"invalid Lark grammar: {e}") from e
-        error = LLMatcher.validate_grammar(grammar, lltok, limits=llguidance_limits())
-        if error:
-            raise ConstraintError(f"invalid Lark grammar: {error.strip()}\nFix the rule named above (llguidance "
-                                  "Lark syntax, see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).")
-        matcher = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
-        if matcher.is_error():
-            raise ConstraintError(f"invalid Lark grammar: {matcher.get_error()}")
+        if grammar_worker.available() and not trusted(lark):
+            matcher = grammar_worker.compile_isolated(lambda: build_matcher(lark, lltok), "the grammar")
+        else:
+            with COMPILING:
+                matcher = build_matcher(lark, lltok)
         return cls(matcher, tokenizer, vocab_size, eos_ids, mode, special=_special_ids(tokenizer, vocab_size, lark))
 
     def _done(self) -> bool:

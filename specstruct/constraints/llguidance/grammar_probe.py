@@ -6,12 +6,13 @@ grows, and the call holds the GIL, so the whole process (every other request of 
 therefore first runs a few random walks (masks, forced text, random allowed tokens) in a forked child under a time
 limit; a child that does not finish is killed and the grammar is refused as too complex. The walks cannot prove a
 grammar safe (a loop deep in a long grammar may not be reached), but they catch the loop wherever it sits near the
-start, which is where the known cases put it. Grammars that passed are remembered (per tokenizer), so a grammar is
-probed once per process. Without os.fork (Windows) nothing is probed.
+start, which is where the known cases put it. A matcher already in its own child (grammar_worker) is walked in that
+child. Grammars that passed are remembered (per tokenizer, by digest), so a grammar is probed once per process. Without os.fork (Windows) nothing is probed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -26,20 +27,27 @@ from specstruct.constraints.limits import limits, too_complex
 from specstruct.errors import ConstraintError
 
 WALKS, STEPS = 6, 256  # half the walks take the longest allowed token: deep into long terminals in few steps
-_PASSED: dict[tuple[str, str], None] = {}  # (tokenizer key, grammar source) -> probed; insertion-ordered, bounded
+# Grammars are remembered by their SHA-256 digests (of the tokenizer key and the source), never by their text: a
+# grammar may be megabytes, and each table below costs at most its count of entries x about 200 bytes.
+_PASSED: dict[bytes, None] = {}  # probed grammars; insertion-ordered, bounded
 # looping grammars -> (budget, when, message): refused again at once for a while (a load spike could have caused it)
-_REFUSED: dict[tuple[str, str], tuple[float, float, str]] = {}
+_REFUSED: dict[bytes, tuple[float, float, str]] = {}
 REMEMBER_S = 600.0
 _LENGTHS: dict[int, np.ndarray] = {}
-_TRUSTED: dict[str, None] = {}
+_TRUSTED: dict[bytes, None] = {}
 _LOCK = threading.Lock()
+
+
+def digest(*parts: str) -> bytes:
+    """What the tables remember a grammar by: the SHA-256 of `parts` (32 bytes, whatever their size)."""
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).digest()
 
 
 def trust(source: str) -> str:
     """Mark a grammar specstruct wrote itself (the tool-call grammar: its own lexemes, user schemas only inside
     %json, whose lexemes are delimited) as needing no probe: a probe of one costs a second or two per tool set."""
     with _LOCK:
-        _TRUSTED[source] = None
+        _TRUSTED[digest(source)] = None
         while len(_TRUSTED) > 1024:
             _TRUSTED.pop(next(iter(_TRUSTED)))
     return source
@@ -47,19 +55,28 @@ def trust(source: str) -> str:
 
 def trusted(source: str) -> bool:
     """Whether specstruct wrote this grammar itself (see `trust`)."""
-    return source in _TRUSTED
+    return digest(source) in _TRUSTED
 
 
 def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any = None) -> None:
     """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit.
-    `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step."""
-    refused = _REFUSED.get(key)
+    `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step. A matcher
+    already in its own child (grammar_worker.RemoteMatcher) is walked there: past the budget that child is killed."""
+    from specstruct.constraints.llguidance.grammar_worker import RemoteMatcher
+
+    name = digest(*key)
+    refused = _REFUSED.get(name)
     budget = min(limits().time_s, 10.0)
     if refused is not None and refused[0] >= budget and time.monotonic() - refused[1] < REMEMBER_S:
         raise ConstraintError(refused[2])  # looped within as long a budget, lately: at once, not after another wait
-    if key in _PASSED or key[1] in _TRUSTED or not hasattr(os, "fork"):
+    if name in _PASSED or trusted(key[1]) or not hasattr(os, "fork"):
         return
     lengths = None if token_bytes is None else _lengths(token_bytes)
+    if isinstance(matcher, RemoteMatcher):
+        if not matcher.walk(vocab_size, lengths, budget):
+            _refuse(name, budget)
+        _passed(name)
+        return
     try:
         with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads running: the child runs
             warnings.simplefilter("ignore", DeprecationWarning)  # only llguidance and numpy, takes no lock, _exits
@@ -77,21 +94,29 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any 
         os._exit(code)
     status = _wait(pid, time.monotonic() + budget)
     if status is None:
-        err = too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
-                          "llguidance loops on some grammars, e.g. two adjacent terminals of one repeated character "
-                          "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
-        with _LOCK:
-            _REFUSED[key] = (budget, time.monotonic(), str(err))
-            while len(_REFUSED) > 256:
-                _REFUSED.pop(next(iter(_REFUSED)))
-        raise err
+        _refuse(name, budget)
     if os.WIFSIGNALED(status):  # llguidance crashed on it: in this process it would take the server down
         raise ConstraintError(f"llguidance crashed on this grammar in a probe (signal {os.WTERMSIG(status)}); "
                               "simplify the grammar")
+    _passed(name)
+
+
+def _passed(name: bytes) -> None:
     with _LOCK:
-        _PASSED[key] = None
+        _PASSED[name] = None
         while len(_PASSED) > 1024:
             _PASSED.pop(next(iter(_PASSED)))
+
+
+def _refuse(name: bytes, budget: float) -> None:
+    err = too_complex("the grammar", "time_s", f"its first masks did not finish within {budget:g} s; "
+                      "llguidance loops on some grammars, e.g. two adjacent terminals of one repeated character "
+                      "(`start: A A` with `A: /b+/`): put a literal between them or merge them into one terminal")
+    with _LOCK:
+        _REFUSED[name] = (budget, time.monotonic(), str(err))
+        while len(_REFUSED) > 256:
+            _REFUSED.pop(next(iter(_REFUSED)))
+    raise err
 
 
 def _wait(pid: int, deadline: float) -> int | None:

@@ -4,12 +4,13 @@ llguidance 1.9.1 loops forever in some masks (two adjacent terminals of one repe
 `A: /b+/`), allocating as it goes, and none of its limits stops it: with step_lexer_fuel=10_000,
 max_lexer_states=2_000 and step_max_items=1_000 the first mask of `start: A A` still never returns, and its
 forced-bytes walk holds the GIL. The probe (grammar_probe.py) refuses such a grammar when the loop sits near the
-start; one behind a long terminal (`start: P A A` with `P: /[xy]{300}/`) is reached only while generating. So the
-matcher of a grammar the user wrote lives in a child forked right after it is compiled, and every call on it (mask,
-forced text, token steps, rollback, fork) is a message over a pipe, answered within `mask_time_s`. Past it the child
-is killed, its memory with it, and the call raises ConstraintError naming the limit: that request fails, the
-process and its other requests go on. The matcher and all its forks share one child, which dies with the last of
-them. The child runs only llguidance and pickle (no threads, no imports after the fork) and ends itself with
+start; one behind a long terminal (`start: P A A` with `P: /[xy]{300}/`) is reached only while generating. So a
+grammar the user wrote is compiled in a child (`compile_isolated`: under the compile limits `time_s` and
+`memory_mb`, as llguidance's compile has no clock), its matcher lives there, the probe's walks run there, and every
+call on it (mask, forced text, token steps, rollback, fork) is a message over a pipe, answered within `mask_time_s`.
+Past it the child is killed, its memory with it, and the call raises ConstraintError naming the limit: that request
+fails, the process and its other requests go on. The matcher and all its forks share one child, which dies with the
+last of them. The child runs only llguidance and pickle (no threads, no imports after the fork) and ends itself with
 SIGALRM if a call outlives the limit by 2 s, so not even a killed parent leaves it spinning.
 
 Cost (tiny tokenizer, 2-core Xeon): one call is a pipe round trip of about 30-60 us, and a step makes 2-4 of them;
@@ -22,16 +23,16 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
-import resource
 import select
 import signal
 import struct
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
-from specstruct.constraints.limits import limits
+from specstruct.constraints.limits import limits, too_complex
+from specstruct.constraints.llguidance.bounded import enter_child, failure, fork
 from specstruct.errors import ConstraintError
 
 _HEADER = struct.Struct(">I")
@@ -42,9 +43,19 @@ def available() -> bool:
 
 
 def isolate(matcher: Any) -> "RemoteMatcher":
-    """`matcher` (an LLMatcher) moved into a new child process; the local object is left unused."""
-    state = (matcher.get_error() if matcher.is_error() else "", matcher.is_stopped(), matcher.is_accepting())
-    return RemoteMatcher(_Channel(matcher), 0, state)
+    """`matcher` (an LLMatcher) moved into a new child process; the local object is left unused. A RemoteMatcher
+    is returned as it is."""
+    if isinstance(matcher, RemoteMatcher):
+        return matcher
+    channel = _Channel(lambda: matcher, "the grammar")
+    return RemoteMatcher(channel, 0, channel.state)
+
+
+def compile_isolated(build: Callable[[], Any], what: str) -> "RemoteMatcher":
+    """The matcher `build()` returns, built in a new child process under the compile limits (`time_s`,
+    `memory_mb`) and kept there; ConstraintError naming the limit it hit, or `build`'s own error."""
+    channel = _Channel(build, what)
+    return RemoteMatcher(channel, 0, channel.state)
 
 
 def pid_of(matcher: Any) -> int | None:
@@ -93,6 +104,15 @@ class RemoteMatcher:
     def rollback(self, n: int) -> bool:
         return self._call("rollback", int(n))
 
+    def walk(self, vocab_size: int, lengths: Any, budget_s: float) -> bool:
+        """The probe's random walks (grammar_probe._walk) on a copy, in the child; False when they did not finish
+        within `budget_s` (the child is then killed, and this matcher with it)."""
+        try:
+            self._ch.call("walk", self._h, (vocab_size, lengths), budget_s)
+        except TimeoutError:
+            return False
+        return True
+
     def deep_copy(self) -> "RemoteMatcher":
         handle = next(self._ch.handles)
         self._call("deep_copy", handle)
@@ -102,18 +122,23 @@ class RemoteMatcher:
 class _Channel:
     """One child and the two pipes to it; calls are serialised (forks of one request's matcher share it)."""
 
-    def __init__(self, matcher: Any):
+    def __init__(self, build: Callable[[], Any], what: str):
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()
-        budget = limits().mask_time_s
-        memory = limits().memory_mb << 20
-        pid = os.fork()
+        lim = limits()
+        pid = fork()
         if pid == 0:  # the child: never returns
             code = 0
             try:
-                os.close(to_child)
-                os.close(from_child)
-                _serve(matcher, from_parent, to_parent, budget, memory)
+                enter_child((from_parent, to_parent), lim.memory_mb << 20, lim.time_s)
+                try:
+                    matcher = build()
+                except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException: reported, not raised
+                    _reply(to_parent, False, failure(what, e), ("", False, False))
+                    os._exit(0)
+                signal.alarm(0)
+                _reply(to_parent, True, None, _state(matcher))
+                _serve(matcher, from_parent, to_parent)
             except BaseException:  # noqa: BLE001 - the parent sees EOF and names the crash
                 code = 1
             os._exit(code)
@@ -125,18 +150,42 @@ class _Channel:
         self.error: ConstraintError | None = None
         self.lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _end, pid, to_child, from_child)
+        try:  # the build: under the compile limits, as every compile (bounded.py)
+            ok, result, self.state = pickle.loads(_read(self.inp, time.monotonic() + lim.time_s))
+        except TimeoutError:
+            self._finalizer()
+            raise too_complex(what, "time_s", f"compiling it ran past {lim.time_s:g} s and was stopped") from None
+        except (OSError, EOFError, pickle.UnpicklingError):
+            status = self._status()
+            self._finalizer()
+            raise too_complex(what, "memory_mb", f"compiling it needed more memory than the limit, or crashed (the "
+                              f"child process {status}), and was stopped") from None
+        except BaseException:  # interrupted (Ctrl-C): no child left compiling
+            self._finalizer()
+            raise
+        if not ok:
+            self._finalizer()
+            raise result
 
-    def call(self, op: str, handle: int, args: tuple) -> tuple[Any, tuple[str, bool, bool]]:
+    def call(self, op: str, handle: int, args: tuple,
+             budget: float | None = None) -> tuple[Any, tuple[str, bool, bool]]:
+        """`op` on matcher `handle`, answered within `budget` (default `mask_time_s`). Past it the child is killed
+        and ConstraintError raised (TimeoutError when `budget` was given: the caller names the limit)."""
+        given = budget is not None
         with self.lock:
             if self.error is not None:
                 raise self.error
             drops, self.drops = self.drops, []
-            budget = limits().mask_time_s
+            budget = limits().mask_time_s if budget is None else budget
             message = pickle.dumps((drops, op, handle, args, budget), protocol=pickle.HIGHEST_PROTOCOL)
             try:
                 _write(self.out, _HEADER.pack(len(message)) + message)
                 ok, result, state = pickle.loads(_read(self.inp, time.monotonic() + budget))
             except TimeoutError:
+                if given:
+                    self.error = ConstraintError("the grammar's matcher was stopped: it did not answer in time")
+                    self._finalizer()
+                    raise
                 self._fail(ConstraintError(
                     f"the grammar's matcher did not answer within {budget:g} s while generating (llguidance's "
                     f"{op}): llguidance loops on some grammars, e.g. two adjacent terminals of one repeated "
@@ -145,6 +194,10 @@ class _Channel:
             except (OSError, EOFError, pickle.UnpicklingError):
                 self._fail(ConstraintError(f"llguidance crashed on this grammar while generating ({op}; the "
                                            f"child process {self._status()}); simplify the grammar"))
+            except BaseException:  # interrupted mid-call (Ctrl-C): its answer would be read as the next call's
+                self.error = ConstraintError("the grammar's matcher was interrupted mid-call and stopped")
+                self._finalizer()
+                raise
         if not ok:
             raise result
         return result, state
@@ -170,6 +223,11 @@ def _end(pid: int, out: int, inp: int) -> None:
             os.close(fd)
         except OSError:
             pass
+    reap(pid)
+
+
+def reap(pid: int) -> None:
+    """Kill child `pid` (if it still runs) and wait for it."""
     try:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -202,19 +260,17 @@ def _read(fd: int, deadline: float | None) -> bytes:
         header, need = False, _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]
 
 
-def _serve(matcher: Any, inp: int, out: int, budget: float, memory: int) -> None:
+def _state(m: Any) -> tuple[str, bool, bool]:
+    return (m.get_error() if m.is_error() else "", m.is_stopped(), m.is_accepting())
+
+
+def _reply(out: int, ok: bool, result: Any, state: tuple[str, bool, bool]) -> None:
+    reply = pickle.dumps((ok, result, state), protocol=pickle.HIGHEST_PROTOCOL)
+    _write(out, _HEADER.pack(len(reply)) + reply)
+
+
+def _serve(matcher: Any, inp: int, out: int) -> None:
     """The child's loop: one call per message until the parent closes the pipe."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):  # the server's handlers are Python code
-        signal.signal(sig, signal.SIG_DFL)
-    keep = sorted({inp, out})
-    os.closerange(3, keep[0])  # the server's sockets and files: a client's connection must close with the server
-    os.closerange(keep[0] + 1, keep[-1])
-    os.closerange(keep[-1] + 1, 1 << 16)
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    if hard == resource.RLIM_INFINITY or size + memory < hard:
-        resource.setrlimit(resource.RLIMIT_AS, (size + memory, hard))
     matchers = {0: matcher}
     while True:
         try:
@@ -229,14 +285,16 @@ def _serve(matcher: Any, inp: int, out: int, budget: float, memory: int) -> None
             if op == "deep_copy":
                 matchers[args[0]] = m.deep_copy()
                 ok, result = True, None
+            elif op == "walk":
+                from specstruct.constraints.llguidance.grammar_probe import _walk
+
+                ok, result = True, _walk(m, *args)
             else:
                 ok, result = True, getattr(m, op)(*args)
         except Exception as e:  # noqa: BLE001 - raised again in the parent, as in-process
             ok, result = False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")
-        state = (m.get_error() if m.is_error() else "", m.is_stopped(), m.is_accepting())
         signal.alarm(0)
-        reply = pickle.dumps((ok, result, state), protocol=pickle.HIGHEST_PROTOCOL)
-        _write(out, _HEADER.pack(len(reply)) + reply)
+        _reply(out, ok, result, _state(m))
 
 
 def _picklable(e: BaseException) -> bool:

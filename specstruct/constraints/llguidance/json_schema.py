@@ -24,6 +24,7 @@ import re
 from typing import Any, Sequence
 
 from specstruct.constraints.cache import ByteLRU
+from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
 from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limit, llguidance_limits, too_complex
 from specstruct.constraints.schema.branches import MAX_ONE_OF, deref, rewrite_branches
@@ -44,8 +45,8 @@ def parse_schema(source: str | dict | bool) -> Any:
             raise too_complex("the JSON schema", "max_schema_bytes", f"{len(source)} bytes of schema text")
         try:
             source = json.loads(source)
-        except json.JSONDecodeError as e:
-            raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from e
+        except ValueError as e:  # also an integer past Python's 4300 digits, not only a JSONDecodeError
+            raise ConstraintError(f"the JSON schema is not valid JSON: {' '.join(str(e).split())[:300]}") from None
         except RecursionError as e:
             raise too_complex("the JSON schema", "max_schema_depth", "it nests too deeply to parse") from e
     check_schema(source)
@@ -103,19 +104,18 @@ def guaranteed_schema(source: str) -> Any:
 
 
 def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
-    """A GrammarConstraint at the start of `source`'s instances, or ConstraintError naming keyword and path."""
-    from llguidance import LLMatcher
-
+    """A GrammarConstraint at the start of `source`'s instances, or ConstraintError naming keyword and path.
+    A schema not compiled before is first compiled in a child process under the compile limits (bounded.py), then
+    here: twice a few milliseconds for a usual schema, and none of a hostile one's minutes in this process."""
     key = (table.key, vocab_size, source, limits().lexer_fuel, limits().memory_mb)  # a template keeps its limits
     cached = TEMPLATES.get(key)
     if cached is None:
         lltok = _lltokenizer(tokenizer, table, vocab_size)
-        schema, grammar, error = _grammar(source, lltok)
-        if error:
-            raise _error(error, schema)
-        template = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
-        if template.is_error():
-            raise _error(template.get_error(), schema)
+        # a trial in a child, under the compile limits (llguidance's compile and the rewrites have no clock of
+        # their own), running only llguidance and the rewrites; then the compile here, and the language checked
+        run_bounded(lambda: _template(source, lltok) and None, "the JSON schema")
+        with COMPILING:
+            template, schema, grammar = _template(source, lltok)
         probe = GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
         if not probe.mask().any():
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "
@@ -124,6 +124,21 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
         TEMPLATES.put(key, cached, 64 * 1024 + 64 * len(grammar))
     template, keys = cached
     return GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode, keys=keys)
+
+
+def _template(source: str, lltok) -> tuple[Any, Any, str]:
+    """(the schema's LLMatcher at its start, having computed its first mask; the prepared schema; its llguidance
+    grammar), or ConstraintError naming keyword and path."""
+    from llguidance import LLMatcher
+
+    schema, grammar, error = _grammar(source, lltok)
+    if error:
+        raise _error(error, schema)
+    template = LLMatcher(lltok, grammar, log_level=0, limits=llguidance_limits())
+    if template.is_error():
+        raise _error(template.get_error(), schema)
+    template.deep_copy().compute_bitmask()  # the lazy lexer's first states: part of the compile's cost
+    return template, schema, grammar
 
 
 _DATA = ("const", "default", "enum", "examples")  # keywords whose values are instances, not schemas
@@ -149,6 +164,8 @@ def property_names(schema: Any) -> tuple[str, ...]:
 
 def _error(message: str, schema: Any) -> ConstraintError:
     """llguidance's message, with the keyword and the JSON path it concerns where they can be found."""
+    if known := panic("the JSON schema", message):
+        return known
     message = " ".join(message.strip().split())[:500]
     lower = message.lower()
     if hit := llguidance_limit(message):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible FastAPI app over one specstruct engine.
 
     app = create_app(engine, served_model_name="qwen2.5-coder-1.5b", api_key="secret")
-    uvicorn.run(app, host="127.0.0.1", port=8000)
+    uvicorn.run(app, host="127.0.0.1", port=8000, **uvicorn_options(ServerLimits()))  # header size limits: http.py
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
 The engine is reached only through its public API (`astream`, awaited on the event loop; `constraint`, `prompt_ids`;
@@ -26,6 +26,7 @@ from specstruct.errors import IncompleteOutputError
 from specstruct.serving.openai.assemble import Assembler
 from specstruct.serving.openai.errors import APIError, from_exception, shutting_down
 from specstruct.serving.openai.guard import Admission, authorize, parse, read_json
+from specstruct.serving.openai.http import HeaderLimit
 from specstruct.serving.openai.limits import ServerLimits
 from specstruct.serving.openai.metrics import Metrics
 from specstruct.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -178,6 +179,7 @@ def create_app(engine: Any, *, served_model_name: str, api_key: str | None = Non
 
     app = fastapi.FastAPI(title="specstruct", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.specstruct = server
+    app.add_middleware(HeaderLimit, max_field_bytes=server.limits.max_header_field_bytes)  # before routing and keys
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+import sys
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -41,12 +42,32 @@ async def read_json(request: Request, limits: ServerLimits) -> Any:
         if len(body) > limits.max_body_bytes:
             raise too_big
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON ({e})", code="invalid_json") from None
+        return json.loads(body, parse_int=_read_int, parse_constant=_no_constant)
+    except _Unreadable as e:
+        raise bad_request(f"the request body cannot be read: {e}", code="invalid_json") from None
     except RecursionError:
         raise bad_request("the request body nests arrays or objects too deeply to read; flatten it",
                           code="invalid_json") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and whatever else json.loads refuses
+        raise bad_request(f"the request body is not valid JSON ({e})", code="invalid_json") from None
+
+
+class _Unreadable(ValueError):
+    """A value the body reader refuses by name (a number JSON allows but Python cannot read, or NaN)."""
+
+
+def _read_int(text: str) -> int:
+    """Python reads at most `sys.get_int_max_str_digits()` digits (4,300) into an int: a longer integer is refused
+    here, naming it, rather than as json.loads' bare ValueError (no field takes an integer that large anyway)."""
+    limit = sys.get_int_max_str_digits() or len(text)
+    if len(text.lstrip("-")) > limit:
+        raise _Unreadable(f"it holds an integer of {len(text.lstrip('-'))} digits, more than the {limit} this server "
+                          f"reads ({text[:20]}...); send a smaller number")
+    return int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise _Unreadable(f"it holds {name}, which is not a number JSON allows; send a number")
 
 
 def parse(model: type[M], body: Any) -> M:

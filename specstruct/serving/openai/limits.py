@@ -1,4 +1,4 @@
-"""The server's configurable limits (body size, max_tokens cap, prompt tokens, timeout, queue, stop strings, tools,
+"""The server's configurable limits (header and body size, max_tokens cap, prompt tokens, timeout, queue, stop strings, tools,
 constraint sizes). Every one has a `specstruct serve` flag; docs/server.md lists them with their defaults."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from typing import Any
 class ServerLimits:
     """Limits applied to every request. A request past one gets a 400/413/429 naming the limit, never a 500.
 
+    - max_header_bytes: a request head (request line and headers) larger than this gets 431 and its connection is
+      closed, before anything else reads it (the h11 parser's limit: http.py).
+    - max_header_field_bytes: one header (name and value) larger than this gets 431.
     - max_body_bytes: request bodies larger than this get 413.
     - max_tokens_cap: a `max_tokens` above this gets 400; a request without one gets `default_max_tokens`.
     - max_prompt_tokens: a longer prompt (chat template applied) gets 400 (None: the model's context window).
@@ -22,6 +25,8 @@ class ServerLimits:
       grammar, a choice list).
     """
 
+    max_header_bytes: int = 64 * 1024
+    max_header_field_bytes: int = 16 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_cap: int = 4096
     default_max_tokens: int = 512

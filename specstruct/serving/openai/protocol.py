@@ -62,9 +62,10 @@ class _Sampling(_Open):
     model: str
     # strict: "0.5" or true for a number is a 400, as OpenAI answers (an int is still a valid float)
     max_tokens: int | None = Field(None, ge=1, strict=True)
-    temperature: float | None = Field(None, ge=0, le=2, strict=True)
-    top_p: float | None = Field(None, gt=0, le=1, strict=True)
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, strict=True)  # what torch.Generator.manual_seed takes
+    temperature: float | None = Field(None, ge=0, le=2, strict=True, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, strict=True, allow_inf_nan=False)
+    # 0 to 2**64 - 1: what torch.Generator.manual_seed takes, without the negatives it folds onto positive seeds
+    seed: int | None = Field(None, ge=0, le=2**64 - 1, strict=True)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -189,11 +189,11 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
     """Ctrl-C while waiting must not leave a child spinning in llguidance's loop (an orphan at 100% CPU)."""
     import os
 
-    from specstruct.constraints.llguidance import grammar_probe
+    from specstruct.constraints.llguidance import grammar_worker
 
     L.set_limits(time_s=5.0)
-    children = []
-    real_fork = os.fork
+    children, walking = [], []
+    real_fork, real_write, real_select = os.fork, grammar_worker._write, grammar_worker.select.select
 
     def fork():
         pid = real_fork()
@@ -201,11 +201,18 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
             children.append(pid)
         return pid
 
-    def interrupted(*_):
-        raise KeyboardInterrupt
+    def write(fd, data):
+        walking.append(b"walk" in data)
+        return real_write(fd, data)
 
-    monkeypatch.setattr(grammar_probe.os, "fork", fork)
-    monkeypatch.setattr(grammar_probe.time, "sleep", interrupted)
+    def select(*args):
+        if walking and walking[-1]:
+            raise KeyboardInterrupt
+        return real_select(*args)
+
+    monkeypatch.setattr(grammar_worker.os, "fork", fork)
+    monkeypatch.setattr(grammar_worker, "_write", write)
+    monkeypatch.setattr(grammar_worker.select, "select", select)
     with pytest.raises(KeyboardInterrupt):
         make(tok, "grammar", 'start: A A\nA: /c+/')  # not one refused earlier in this process (remembered)
     (pid,) = children
@@ -223,3 +230,96 @@ def test_the_probe_reaches_a_loop_behind_a_long_terminal_and_remembers_a_refusal
     start = time.monotonic()
     refused(tok, "grammar", grammar, "time_s", within=6)  # a larger budget probes again
     assert time.monotonic() - start > 1.5
+
+
+def lark_alternatives(n: int) -> str:
+    return "start: " + " | ".join(f'"w{i}x"' for i in range(n))
+
+
+def test_a_grammar_compile_past_the_time_limit_ends_at_it(tok):
+    """llguidance validates a grammar of n alternatives in time growing as n^2, with no clock of its own (200,000 took
+    about four minutes): the compile runs in a child, killed at `time_s`, whatever the size limits let through."""
+    from specstruct.constraints.compiler import check_spec
+
+    L.set_limits(time_s=1.0)
+    grammar = lark_alternatives(60_000)  # ~10 s to validate on a 2-core Xeon
+    start = time.monotonic()
+    refused(tok, "grammar", grammar, "time_s", within=2.5)
+    assert time.monotonic() - start > 0.9
+    with pytest.raises(ConstraintError, match="limit time_s=") as e:  # the check before a model loads, too
+        check_spec(ConstraintSpec("grammar", grammar, "grammar"))
+    assert "panicked" not in str(e.value)
+    assert make(tok, "grammar", lark_alternatives(50)).accepts("w7x")  # and the next grammar compiles
+
+
+def test_a_schema_compile_past_the_time_limit_ends_at_it(tok, monkeypatch):
+    """A schema's first compile is a trial in a child under the compile limits (llguidance/bounded.py)."""
+    from specstruct.constraints.llguidance import json_schema
+
+    real = json_schema._grammar
+
+    def slow(*args, **kwargs):
+        time.sleep(30)
+        return real(*args, **kwargs)
+
+    L.set_limits(time_s=1.0)
+    monkeypatch.setattr(json_schema, "_grammar", slow)
+    refused(tok, "json", {"type": "object", "properties": {"slow": {"type": "integer"}}}, "time_s", within=2.5)
+    monkeypatch.setattr(json_schema, "_grammar", real)
+    assert make(tok, "json", {"type": "integer"}).accepts("12")
+
+
+def test_an_llguidance_panic_is_one_line_naming_the_limit():
+    from specstruct.constraints.llguidance.bounded import failure, panic
+
+    class PanicException(BaseException):  # pyo3's, as llguidance raises it
+        pass
+
+    error = failure("the grammar", PanicException("assertion failed: grammar.symbols.len() < u16::MAX"))
+    assert "65,535 grammar symbols" in str(error) and "u16" not in str(error)
+    error = failure("the grammar", PanicException("index out of bounds\nstack backtrace:\n 0: rust_panic"))
+    assert "internal error" in str(error) and "\n" not in str(error)
+    # as llguidance's validate_grammar returns it (a 70,000-alternative grammar, given minutes)
+    text = "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n<backtrace>\n   0: <unknown>"
+    assert "65,535 grammar symbols" in str(panic("the grammar", text))
+    assert "internal error: panic: boom" in str(panic("the grammar", "panic: boom\n<backtrace>\n 0: x"))
+    assert panic("the grammar", "expected rule at line 1") is None
+
+
+def test_a_schema_with_an_integer_python_cannot_read_is_refused(tok):
+    with pytest.raises(ConstraintError, match="not valid JSON.*digits"):
+        make(tok, "json", '{"type": "integer", "maximum": ' + "9" * 5000 + "}")
+
+
+def test_the_probe_remembers_grammars_by_digest_not_text(tok):
+    from specstruct.constraints.llguidance import grammar_probe
+
+    make(tok, "grammar", lark_alternatives(30))
+    tables = (grammar_probe._PASSED, grammar_probe._REFUSED, grammar_probe._TRUSTED)
+    assert grammar_probe._PASSED and all(isinstance(k, bytes) and len(k) == 32 for t in tables for k in t)
+
+
+def test_compiles_in_threads_never_fork_a_child_that_hangs(tok):
+    """A child forked while another thread is inside llguidance's compile inherits its locks and hangs (about one
+    compile in 100 with six threads): compiles here and forks take one lock (bounded.COMPILING)."""
+    import threading
+
+    L.set_limits(time_s=8.0)
+    failures, stop = [], time.monotonic() + 6
+
+    def compile_many(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            schema = {"type": "object", "properties": {f"p{i}_{n}_{k}": {"type": "string"} for k in range(4)}}
+            try:
+                make(tok, "json", schema).mask()
+            except ConstraintError as e:
+                failures.append(str(e)[:200])
+
+    threads = [threading.Thread(target=compile_many, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
