@@ -48,12 +48,22 @@ def other_kernel(source: str | None, commit: str | None):
 
 
 def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> quantized.QuantWeight:
-    _, _, per_block, block_bytes = quantized.DECODERS[fmt]
-    raw = rng.integers(0, 256, size=(rows, cols // per_block * block_bytes), dtype=np.uint8)
-    blocks = raw.reshape(-1, block_bytes)
-    for at in {"Q4_K": [0, 2], "Q6_K": [208]}.get(fmt, [0]):  # fp16 scales of a real model's size
+    block = quantized.DECODERS[fmt]
+    raw = rng.integers(0, 256, size=(rows, cols // block.weights * block.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, block.nbytes)
+    for at in block.halves:  # fp16 scales of a real model's size
         blocks[:, at : at + 2] = rng.uniform(-0.05, 0.05, len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return quantized.from_gguf_blocks(fmt, raw, rows, cols)
+
+
+def kernel_args(ext, w: quantized.QuantWeight) -> tuple:
+    """`w`'s arguments for kernel `ext`: a kernel from before the table formats takes no table flag."""
+    args = w.args()
+    if hasattr(ext, "iq4nl_values"):
+        return args
+    if w.fmt.lut:
+        raise SystemExit(f"the other kernel does not compute {w.fmt.name}")
+    return args[:-1]
 
 
 def main() -> None:
@@ -76,12 +86,11 @@ def main() -> None:
     print(f"|---|---|---|---|{scalar_head[1]}---|---|")
     for n, k in SHAPES:
         w = random_weight(args.format, n, k, rng)
-        f = w.fmt
-        call = (w.packed, w.scales, w.mins, w.subscales, w.submins, n, f.group, f.bits, f.zero, f.gps, None)
+        call, theirs = (*kernel_args(mine, w), None), (*kernel_args(other, w), None)
         for m in ROWS:
             x = torch.randn(m, k)
-            equal = torch.equal(mine.linear(x, *call), other.linear(x, *call))
-            sides = {"this": lambda: mine.linear(x, *call), "other": lambda: other.linear(x, *call)}
+            equal = torch.equal(mine.linear(x, *call), other.linear(x, *theirs))
+            sides = {"this": lambda: mine.linear(x, *call), "other": lambda: other.linear(x, *theirs)}
             if args.scalar:
                 sides["scalar"] = lambda: mine.linear_scalar(x, *call[:-1])
             times: dict[str, list[float]] = {side: [] for side in sides}
