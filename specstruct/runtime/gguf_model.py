@@ -165,8 +165,8 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
 
 def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Module:
     """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept.
-    A Linear weight in a type the kernel does not compute (Q5_K, Q3_K, IQ*) is widened to float32 with a warning,
-    or refused with `strict`."""
+    A Linear weight in a quantized type the kernel does not compute (IQ1-IQ3, TQ: below 3 bits) is refused by name
+    (weights='float32' widens it, through transformers' loader)."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -184,7 +184,6 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
     mapping = _gguf_names(model)
     modules = dict(model.named_modules())
     quantized: dict[str, Tensor] = {}
-    widened: dict[str, int] = {}
     for tensor in tensors:
         hf = mapping.get(tensor.name)
         if hf is None:
@@ -199,10 +198,10 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
                 quantized[owner] = tensor
                 continue
             if tensor.kind not in ("F32", "F16", "BF16"):
-                widened[tensor.kind] = widened.get(tensor.kind, 0) + 1
-                if strict:
-                    raise ValueError(f"{path.name}: {tensor.name} is {tensor.kind}, which the block-quantized kernel "
-                                     f"does not compute ({', '.join(DECODERS)} are); load it with weights='float32'")
+                raise ValueError(f"{path.name}: tensor {tensor.name} is {tensor.kind}, a format the block-quantized "
+                                 f"kernel does not compute (it computes {', '.join(DECODERS)}). Fix: re-quantize the "
+                                 f"file into one of those (llama-quantize --allow-requantize IN OUT Q4_K_M), or load "
+                                 f"it with weights='float32' (every weight widened to float32)")
         weights = dequantize(tensor.data, GGMLQuantizationType[tensor.kind]).reshape(tensor.shape)
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
@@ -221,9 +220,6 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
             if module.bias is not None and module.bias.device.type == "meta":
                 raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
             _set(model, owner, QuantLinear(weight, module.bias))
-    if widened:
-        log.warning("specstruct: %s: %s weights widened to float32 (the block-quantized kernel computes %s)",
-                    path.name, ", ".join(f"{n} {k}" for k, n in widened.items()), ", ".join(DECODERS))
     head = model.get_output_embeddings()
     if "output.weight" not in names and head is not None and not isinstance(head, QuantLinear):
         embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights

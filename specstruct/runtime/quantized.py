@@ -1,8 +1,9 @@
-"""Block-quantized weights as they ship (GGUF Q4_K, Q6_K, Q8_0, Q5_0, Q4_0), computed without widening them.
+"""Block-quantized weights as they ship (GGUF Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, IQ4_XS, IQ4_NL, Q3_K,
+Q2_K), computed without widening them.
 
-A GGUF tensor's blocks are decoded once into unsigned integers per weight plus, per group of G inputs of one
-output (the format's own sub-block: 32, or 16 for Q6_K), a float32 scale and either a zero point of the whole
-tensor or a float32 min -- the format's values exactly, so `dequantize()` gives the `gguf` package's own
+A GGUF tensor's blocks are decoded once (gguf_blocks.py) into unsigned integers per weight plus, per group of G
+inputs of one output (the format's own sub-block: 32, or 16 for Q6_K, Q3_K, Q2_K), a scale and either a zero point
+of the whole tensor or a min -- the format's values exactly, so `dequantize()` gives the `gguf` package's own
 de-quantization -- and packed into the panels of csrc/blockq_linear.cpp. That kernel quantizes each input row on
 its own to int8 per group and sums every output in an order fixed by the input size alone: a row's result is
 bitwise independent of the other rows of the pass, as the float32 kernel's is (fixed_linear.py), so speculative
@@ -15,29 +16,17 @@ the rest of the model stays transformers' own. `quantize_float` makes the same l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from specstruct.runtime import native
+from specstruct.runtime.gguf_blocks import DECODERS, Format
 
 _KERNEL = native.Kernel("specstruct_blockq_linear", Path(__file__).parent / "csrc" / "blockq_linear.cpp",
                         "the block-quantized Linear kernel", "quantized weights cannot be computed")
 PANEL = 16  # outputs per panel (the kernel's panel_outputs)
-QK_K = 256
-
-
-@dataclass(frozen=True)
-class Format:
-    """How a tensor's weights are held: w = scale * (u - zero), or w = scale * u - min where zero is -1."""
-
-    name: str   # the GGUF type it came from ("Q4_K"), or "q8_0" for float weights quantized on load
-    group: int  # inputs per scale
-    bits: int   # 4, 5, 6 or 8 per weight
-    zero: int   # the zero point, or -1: a min per group
-    gps: int = 1  # groups per super-block: >1, a group's scale is a float32 per super-block times an int8 per group
 
 
 def kernel():
@@ -70,63 +59,6 @@ _VARIANTS: dict[str, native.Kernel] = {}
 def simd() -> str:
     """The instruction set the kernel was built for ("avx512-vnni", "avx-vnni", "avx2" or "scalar")."""
     return kernel().simd
-
-
-# ---------------------------------------------------------------- decoding GGUF blocks (numpy, exact)
-
-def _f16(b: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
-
-
-# Each decoder: blocks [n, bytes] -> (u [n, weights per block] uint8, scale [n, super-blocks], sub-scale [n, groups]
-# int8 or None, min, sub-min): the group scale is scale * sub-scale (or scale where there is no sub-scale).
-def _q8_0(blocks: np.ndarray):
-    d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
-    return qs ^ np.uint8(0x80), d, None, None, None  # int8 q + 128 as unsigned
-
-
-def _q4_0(blocks: np.ndarray):
-    d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
-    u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
-    return u, d, None, None, None
-
-
-def _q5_0(blocks: np.ndarray):
-    d = _f16(blocks[:, :2])
-    qh = np.ascontiguousarray(blocks[:, 2:6]).view(np.uint32)
-    qs = blocks[:, 6:]
-    high = ((qh >> np.arange(32, dtype=np.uint32)[None, :]) & np.uint32(1)).astype(np.uint8)
-    low = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
-    return low | (high << np.uint8(4)), d, None, None, None
-
-
-def _q4_k(blocks: np.ndarray):
-    from gguf.quants import Q4_K
-
-    n = blocks.shape[0]
-    d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])  # 6-bit integers per group of 32
-    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    return (qs & np.uint8(0x0F)).reshape(n, QK_K), d, sc.view(np.int8), dmin, m.view(np.int8)
-
-
-def _q6_k(blocks: np.ndarray):
-    n = blocks.shape[0]
-    ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], _f16(blocks[:, 208:210])
-    low = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
-    high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
-    u = low.reshape(n, QK_K) | (high.reshape(n, QK_K) << np.uint8(4))
-    return u, d, np.ascontiguousarray(sc).view(np.int8), None, None
-
-
-# type name -> (decoder, Format, weights per block, bytes per block)
-DECODERS = {
-    "Q8_0": (_q8_0, Format("Q8_0", 32, 8, 128), 32, 34),
-    "Q4_0": (_q4_0, Format("Q4_0", 32, 4, 8), 32, 18),
-    "Q5_0": (_q5_0, Format("Q5_0", 32, 5, 16), 32, 22),
-    "Q4_K": (_q4_k, Format("Q4_K", 32, 4, -1, gps=8), QK_K, 144),
-    "Q6_K": (_q6_k, Format("Q6_K", 16, 6, 32, gps=16), QK_K, 210),
-}
 
 
 # ---------------------------------------------------------------- packing
@@ -176,13 +108,17 @@ class QuantWeight:
             ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
         quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
         v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
-        if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: quad i in the low nibbles, quad i + G/8 in the high ones
-            half = fmt.group // 8
-            low = v & 0x0F
-            planes = [(low[:, :, :half] | (low[:, :, half:] << 4)).reshape(panels, groups, -1)]
-            if fmt.bits > 4:  # bits 4 and up: per quad vector and bit, a 64-bit mask with bit k for byte k
-                high = np.stack([((v >> (4 + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - 4)], axis=3)
-                masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - 4, 8]
+        if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: a low plane of lb bits, 8 / lb quads per byte: quad i in
+            lb = 4 if fmt.bits >= 4 else 2  # bits 0..lb-1, quad i + n in bits lb..2lb-1, ... (n quad vectors)
+            n = fmt.group // 4 * lb // 8
+            low = v & ((1 << lb) - 1)
+            plane = low[:, :, :n].clone()
+            for j in range(1, 8 // lb):
+                plane |= low[:, :, j * n : (j + 1) * n] << (lb * j)
+            planes = [plane.reshape(panels, groups, -1)]
+            if fmt.bits > lb:  # bits lb and up: per quad vector and bit, a 64-bit mask with bit k for byte k
+                high = np.stack([((v >> (lb + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - lb)], axis=3)
+                masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - lb, 8]
                 planes.append(torch.from_numpy(masks).reshape(panels, groups, -1))
             v = torch.cat(planes, dim=-1)
         self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
@@ -194,26 +130,31 @@ class QuantWeight:
         if self.submins is not None:
             self.submins[p0 : p0 + panels] = panelled(submins, np.int8)
 
+    def args(self) -> tuple:
+        """The kernel's arguments for this weight after x: packed, scales, mins, sub-scales, sub-mins, outputs, group,
+        bits, zero, groups per super-block, table (`ext.linear(x, *w.args(), bias)`, `ext.linear_scalar(x, *w.args())`)."""
+        f = self.fmt
+        return (self.packed, self.scales, self.mins, self.subscales, self.submins, self.out_features, f.group, f.bits,
+                f.zero, f.gps, f.lut)
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] float32 -> [M, out]."""
         f = self.fmt
         return (_KERNEL.module or kernel()).linear(x, self.packed, self.scales, self.mins, self.subscales,
                                                    self.submins, self.out_features, f.group, f.bits, f.zero, f.gps,
-                                                   bias)
+                                                   f.lut, bias)
 
     def linear_panels(self, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
         """x [M, in] float32 -> [M, PANEL * len(panels)]: only those panels' outputs, bitwise as `linear` gives them
         (no bias; a last partial panel's extra columns undefined)."""
-        f = self.fmt
-        return kernel().linear_panels(x, self.packed, self.scales, self.mins, self.subscales, self.submins,
-                                      self.out_features, f.group, f.bits, f.zero, f.gps, panels)
+        return kernel().linear_panels(x, *self.args(), panels)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weights of outputs `ids` (any shape) -> [*ids.shape, in]."""
         f = self.fmt
         flat = kernel().dequantize_rows(self.packed, self.scales, self.mins, self.subscales, self.submins,
                                         ids.reshape(-1), self.out_features, self.in_features, f.group, f.bits, f.zero,
-                                        f.gps)
+                                        f.gps, f.lut)
         return flat.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
@@ -227,7 +168,8 @@ def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_fea
     """A weight from a GGUF tensor's raw blocks (`GGUFReader` tensor `.data`, [out, bytes per row])."""
     if type_name not in DECODERS:
         raise ValueError(f"GGUF type {type_name} is not supported quantized (supported: {', '.join(DECODERS)})")
-    decode, fmt, per_block, block_bytes = DECODERS[type_name]
+    block = DECODERS[type_name]
+    decode, fmt, per_block, block_bytes = block.decode, block.fmt, block.weights, block.nbytes
     blocks_per_row = in_features // per_block
     raw = np.asarray(data).reshape(out_features, blocks_per_row * block_bytes)
     weight = QuantWeight(fmt, out_features, in_features)

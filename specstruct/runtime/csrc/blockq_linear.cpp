@@ -1,18 +1,23 @@
-// A Linear kernel on block-quantized weights (GGUF's Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 as they ship) whose result
-// for a row never depends on the other rows: y = x W^T, float32 in and out, CPU.
+// A Linear kernel on block-quantized weights (GGUF's Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, IQ4_XS, IQ4_NL,
+// Q3_K, Q2_K as they ship) whose result for a row never depends on the other rows: y = x W^T, float32 in and out, CPU.
 //
-// Weights. Every format is held as unsigned integers u (4 or 8 bits) with, per group of G inputs of one output
+// Weights. Every format is held as unsigned integers u (2 to 8 bits) with, per group of G inputs of one output
 // (G = 16 or 32, the format's own sub-block), a float32 scale d and either an integer zero point z of the whole
-// tensor (w = d * (u - z): Q8_0, Q5_0, Q6_K, Q4_0) or a float32 min m (w = d * u - m: Q4_K). These are the
-// format's values exactly. K-quants keep their two levels, as they ship: d = D * sc and m = Dmin * mc, a float32
-// D (Dmin) per super-block of `gps` groups and a small integer sc (mc) per group, whose product is exact in
-// float32 (an fp16 times a 6- or 8-bit integer), so a group costs 1-2 bytes of scales per output, not 4-8. Every
-// D is the file's own fp16 (widening it is exact). 5- and 6-bit weights (Q5_0, Q6_K) are a 4-bit plane plus one or
-// two planes of their high bits, one 64-bit mask per quad vector and bit: 0.69 and 0.82 bytes per weight, as the
-// formats ship.
+// tensor (w = d * (u - z): Q8_0, Q5_0, Q4_0, Q6_K, Q3_K) or a float32 min m (w = d * u - m: Q4_K, Q5_K, Q2_K, and
+// Q4_1, Q5_1 with m the negated fp16 min they ship). These are the format's values exactly. IQ4_NL and IQ4_XS keep
+// their 4-bit codes: the kernel turns each code into kvalues_iq4nl[code] + 128 through one table lookup per vector
+// (VPSHUFB), a zero point of 128, as ggml does. K-quants and IQ4_XS keep their two levels, as they ship: d = D * sc
+// and m = Dmin * mc, a float32 D (Dmin) per super-block of `gps` groups and a small integer sc (mc) per group, whose
+// product is exact in float32 (an fp16 times an integer of at most 8 bits), so a group costs 1-2 bytes of scales
+// per output, not 4-8. Every D is the file's own fp16 (widening it is exact).
+// The integers are planes as the formats ship them: a low plane of 4 bits (2 bits for Q3_K and Q2_K; 8-bit weights
+// are whole bytes) plus one plane per higher bit, one 64-bit mask per quad vector and bit (Q5_0/Q5_1/Q5_K: 4 + 1,
+// Q6_K: 4 + 2, Q3_K: 2 + 1). Bytes per weight held: Q2_K 0.39, Q3_K 0.45, IQ4_XS 0.54, Q4_K 0.58, IQ4_NL 0.56,
+// Q4_0 0.56, Q4_1 0.63, Q5_K 0.70, Q5_0 0.69, Q5_1 0.75, Q6_K 0.82, Q8_0 1.06 (the files: 0.33, 0.43, 0.53, 0.56,
+// 0.56, 0.56, 0.63, 0.69, 0.69, 0.75, 0.82, 1.06; Q2_K's and Q3_K's 4- and 6-bit sub-scales take a byte each).
 // They are packed once (quantized.py) into panels of 16 outputs:
-// for each group, its G/4 quads of 4 inputs, each quad as 16 outputs x 4 bytes (one 512-bit vector); 4-bit
-// weights put quad i in the low nibbles and quad i + G/8 in the high nibbles of the same bytes.
+// for each group, its G/4 quads of 4 inputs, each quad as 16 outputs x 4 bytes (one 512-bit vector); a low plane of
+// L bits holds 8/L quads per vector: quad i in bits 0..L-1, quad i + Q*L/8 in bits L..2L-1, ... (Q = G/4 quads).
 //
 // Activations. Each row of x is quantized on its own, per group of G inputs, to int8 with scale s = max|x|/127
 // (round to nearest even) and the group's sum A of those int8 values: a row's quantization depends on that row
@@ -26,8 +31,8 @@
 // and the scalar path do the same float operations in the same order, so all three give the same bits: a
 // model's output does not depend on the machine's vector unit (tests build the AVX2 one on an AVX-512 CPU).
 //
-// Speed: one row streams the packed bytes once (0.56-1.1 bytes per weight instead of float32's 4); the rows of a
-// call are taken up to MB at a time against one panel, so each weight vector loaded (and each 4-bit vector
+// Speed: one row streams the packed bytes once (0.39-1.1 bytes per weight instead of float32's 4); the rows of a
+// call are taken up to MB at a time against one panel, so each weight vector loaded (and each low-plane vector
 // unpacked) serves them all; a panel (a few KB to 150 KB) stays in cache while every block of rows uses it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -71,10 +76,17 @@ constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight v
 
 struct Format {
   int G;      // inputs per group
-  int bits;   // 4 or 8
+  int bits;   // 2, 3, 4, 5, 6 or 8
   int zero;   // the zero point z, or -1: affine (a float min per group)
   int gps;    // groups per super-block: 1, a float scale per group; more, a float per super-block times an int8 per group
+  bool lut;   // 4-bit codes through kvalues_iq4nl: u = IQ4NL[code] + 128 (IQ4_NL, IQ4_XS)
 };
+
+// The width of a format's low plane: 8-bit weights are whole bytes, 4 to 6 bits a 4-bit plane, 2 and 3 a 2-bit one.
+static constexpr int low_bits(int bits) { return bits >= 8 ? 8 : (bits >= 4 ? 4 : 2); }
+
+// ggml's kvalues_iq4nl: the 16 values an IQ4_NL / IQ4_XS code stands for.
+static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // Where a panel's scales are: super [nsb][16] fp16 (and supermin), sub [ng][16] int8 (and submin) when gps > 1.
 struct Scales {
@@ -174,15 +186,14 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q
 static inline int weight_at(const uint8_t* gb, const Format& f, int o, int k) {
   const int quad = k / 4, j = k % 4;
   if (f.bits == 8) return gb[(quad * NO + o) * 4 + j];
-  const int half = f.G / 8;
-  const uint8_t b = gb[((quad % half) * NO + o) * 4 + j];
-  const int low = quad < half ? (b & 0x0F) : (b >> 4);
-  int u = low;
-  for (int b = 0; b < f.bits - 4; ++b) {  // bit o*4+j of the quad's 64-bit mask for bit 4 + b
-    const uint8_t* high = gb + f.G * NO / 2 + (quad * (f.bits - 4) + b) * 8;
-    u |= ((high[o / 2] >> ((o % 2) * 4 + j)) & 1) << (4 + b);
+  const int lb = low_bits(f.bits), vectors = f.G / 4 * lb / 8;  // quad vectors of the low plane
+  const uint8_t b = gb[((quad % vectors) * NO + o) * 4 + j];
+  int u = (b >> (lb * (quad / vectors))) & ((1 << lb) - 1);
+  for (int b = 0; b < f.bits - lb; ++b) {  // bit o*4+j of the quad's 64-bit mask for bit lb + b
+    const uint8_t* high = gb + f.G * NO * lb / 8 + (quad * (f.bits - lb) + b) * 8;
+    u |= ((high[o / 2] >> ((o % 2) * 4 + j)) & 1) << (lb + b);
   }
-  return u;
+  return f.lut ? IQ4NL[u] + 128 : u;
 }
 
 // Rows [0, R) against one panel: scalar, the same float operations in the same order as the vector path.
@@ -217,7 +228,7 @@ static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (ex
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-template <int R, int G, int BITS, bool AFFINE, bool SUB>
+template <int R, int G, int BITS, bool AFFINE, bool SUB, bool LUT>
 static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                        const int32_t* __restrict, int64_t K, int zero, float* __restrict y, int64_t ldy, int ncols) {
@@ -227,7 +238,10 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
   __m512 acc[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
+  constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;  // the low plane: PER quads per vector
+  const __m512i low = _mm512_set1_epi8((char)((1 << LB) - 1));
+  const __m512i table = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4NL)),
+                                                            _mm_set1_epi8((char)0x80)));  // IQ4NL + 128, unsigned
   for (int64_t g = 0; g < ng; ++g) {
     const uint8_t* gb = w + g * GB;
 #pragma GCC unroll 8
@@ -239,21 +253,26 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
       for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_loadu_si512(gb + 64 * i);
     } else {
 #pragma GCC unroll 4
-      for (int i = 0; i < QUADS / 2; ++i) {
+      for (int i = 0; i < NV; ++i) {
         const __m512i v = _mm512_loadu_si512(gb + 64 * i);
-        wv[i] = _mm512_and_si512(v, low);
-        wv[i + QUADS / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+        for (int j = 0; j < PER; ++j) wv[i + j * NV] = _mm512_and_si512(_mm512_srli_epi16(v, LB * j), low);
       }
-      if constexpr (BITS > 4) {  // the high bit planes: for quad i, bit b, a 64-bit mask of the bytes that have it
-        const uint8_t* high = gb + G * NO / 2;
+      if constexpr (BITS > LB) {  // the high bit planes: for quad i, bit b, a 64-bit mask of the bytes that have it
+        const uint8_t* high = gb + G * NO * LB / 8;
 #pragma GCC unroll 8
         for (int i = 0; i < QUADS; ++i)
 #pragma GCC unroll 2
-          for (int b = 0; b < BITS - 4; ++b) {
+          for (int b = 0; b < BITS - LB; ++b) {
             uint64_t bits;
-            std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
-            wv[i] = _mm512_or_si512(wv[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(16 << b)));
+            std::memcpy(&bits, high + (i * (BITS - LB) + b) * 8, 8);
+            wv[i] = _mm512_or_si512(wv[i],
+                                    _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8((char)((1 << LB) << b))));
           }
+      }
+      if constexpr (LUT) {  // codes -> IQ4NL[code] + 128, 16 entries per 128-bit lane
+#pragma GCC unroll 8
+        for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_shuffle_epi8(table, wv[i]);
       }
     }
     __m512 dv, mv = _mm512_setzero_ps();
@@ -313,8 +332,9 @@ static inline __m256i bytes_of_bits(uint32_t bits) {
 }
 
 // D for 8 outputs: the exact integer dot product of one row's G int8 activations (4 per word of qg) with the
-// group's weights (QUADS vectors of 8 outputs x 4 inputs; 8-bit ones as u - 128 unless AVX-VNNI), A their sum.
-template <int QUADS, int BITS>
+// group's weights (QUADS vectors of 8 outputs x 4 inputs; 8-bit and table ones as u - 128 unless AVX-VNNI), A their
+// sum.
+template <int QUADS, int BITS, bool SIGNED>
 static inline __m256i dot8(const __m256i* wv, const int32_t* qg, int32_t A) {
 #ifdef __AVXVNNI__
   __m256i dot = _mm256_setzero_si256();  // VPDPBUSD: unsigned weights times signed activations, 4 per lane
@@ -322,7 +342,7 @@ static inline __m256i dot8(const __m256i* wv, const int32_t* qg, int32_t A) {
   return dot;
 #else
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (BITS == 8) {  // |u - 128| * sign(q): pairs below 2 * 128 * 127 = 32512; D = D' + 128 A
+  if constexpr (SIGNED) {  // |u - 128| * sign(q): pairs below 2 * 128 * 127 = 32512; D = D' + 128 A
     __m256i dot = _mm256_set1_epi32(128 * A);
     for (int i = 0; i < QUADS; ++i) {
       const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i]), _mm256_sign_epi8(_mm256_set1_epi32(qg[i]), wv[i]));
@@ -345,7 +365,7 @@ static inline __m256i dot8(const __m256i* wv, const int32_t* qg, int32_t A) {
 }
 
 // One group of the panel's half h (8 outputs) for rows [0, R): acc[r] += that group's terms.
-template <int R, int G, int BITS, bool AFFINE, bool SUB>
+template <int R, int G, int BITS, bool AFFINE, bool SUB, bool LUT>
 static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, const Scales& sc, int64_t ng,
                               const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                               const int32_t* __restrict ia, int64_t K, __m256* acc) {
@@ -359,21 +379,29 @@ static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, co
 #endif
     }
   } else {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int i = 0; i < QUADS / 2; ++i) {
+    constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;
+    const __m256i low = _mm256_set1_epi8((char)((1 << LB) - 1));
+    for (int i = 0; i < NV; ++i) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 * i + 32 * h));
-      wv[i] = _mm256_and_si256(v, low);
-      wv[i + QUADS / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      for (int j = 0; j < PER; ++j) wv[i + j * NV] = _mm256_and_si256(_mm256_srli_epi16(v, LB * j), low);
     }
-    if constexpr (BITS > 4) {
-      const uint8_t* high = gb + G * NO / 2;
+    if constexpr (BITS > LB) {
+      const uint8_t* high = gb + G * NO * LB / 8;
       for (int i = 0; i < QUADS; ++i)
-        for (int b = 0; b < BITS - 4; ++b) {
+        for (int b = 0; b < BITS - LB; ++b) {
           uint64_t bits;
-          std::memcpy(&bits, high + (i * (BITS - 4) + b) * 8, 8);
+          std::memcpy(&bits, high + (i * (BITS - LB) + b) * 8, 8);
           wv[i] = _mm256_or_si256(wv[i], _mm256_and_si256(bytes_of_bits((uint32_t)(bits >> (32 * h))),
-                                                          _mm256_set1_epi8((char)(16 << b))));
+                                                          _mm256_set1_epi8((char)((1 << LB) << b))));
         }
+    }
+    if constexpr (LUT) {  // codes -> IQ4NL[code] + 128 (AVX-VNNI, unsigned) or IQ4NL[code] (pair sums, signed)
+      __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4NL));
+#ifdef __AVXVNNI__
+      t = _mm_add_epi8(t, _mm_set1_epi8((char)0x80));
+#endif
+      const __m256i table = _mm256_broadcastsi128_si256(t);
+      for (int i = 0; i < QUADS; ++i) wv[i] = _mm256_shuffle_epi8(table, wv[i]);
     }
   }
   __m256 dv, mv = _mm256_setzero_ps();
@@ -392,7 +420,7 @@ static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, co
   }
   for (int r = 0; r < R; ++r) {
     const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);
-    const __m256i dot = dot8<QUADS, BITS>(wv, qg, ia[r * ng + g]);
+    const __m256i dot = dot8<QUADS, BITS, BITS == 8 || LUT>(wv, qg, ia[r * ng + g]);
     const __m256 sa = _mm256_set1_ps(s[r * ng + g]), fa = _mm256_set1_ps(fa_[r * ng + g]);
     if constexpr (!AFFINE) {
       acc[r] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(dot), fa), _mm256_mul_ps(dv, sa), acc[r]);
@@ -407,7 +435,7 @@ static inline void group_avx2(const uint8_t* __restrict gb, int h, int64_t g, co
 // and the same float operations, lane for lane, as panel_vnni and panel_scalar: the same bits. One or two rows
 // take both halves in one pass over the panel (each weight line read once); more rows take one half per pass (16
 // registers hold R accumulators and a half's weights).
-template <int R, int G, int BITS, bool AFFINE, bool SUB>
+template <int R, int G, int BITS, bool AFFINE, bool SUB, bool LUT>
 static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
                        const int32_t* __restrict ia, int64_t K, int, float* __restrict y, int64_t ldy, int ncols) {
@@ -424,7 +452,7 @@ static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int64_t ng
         for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
       }
       for (int hh = 0; hh < halves; ++hh)
-        group_avx2<R, G, BITS, AFFINE, SUB>(gb, first + hh, g, sc, ng, q, s, fa_, ia, K, acc[hh]);
+        group_avx2<R, G, BITS, AFFINE, SUB, LUT>(gb, first + hh, g, sc, ng, q, s, fa_, ia, K, acc[hh]);
     }
     for (int hh = 0; hh < halves; ++hh) {
       const int h = first + hh, n = std::min(8, ncols - 8 * h);
@@ -444,13 +472,13 @@ static void panel_avx2(const uint8_t* __restrict w, const Scales& sc, int64_t ng
 #endif
 
 #ifdef SPECSTRUCT_VECTOR
-template <int G, int BITS, bool AFFINE, bool SUB>
+template <int G, int BITS, bool AFFINE, bool SUB, bool LUT>
 static void rows_vector(int R, const uint8_t* w, const Scales& sc, int64_t ng, const int8_t* q,
                         const float* s, const float* fa, const int32_t* ia, int64_t K, int zero, float* y, int64_t ldy,
                         int ncols) {
   switch (R) {
 #define CASE(n) \
-  case n: return PANEL<n, G, BITS, AFFINE, SUB>(w, sc, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
+  case n: return PANEL<n, G, BITS, AFFINE, SUB, LUT>(w, sc, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
 #ifdef SPECSTRUCT_VNNI
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #else
@@ -463,23 +491,37 @@ static void rows_vector(int R, const uint8_t* w, const Scales& sc, int64_t ng, c
 using RowsFn = void (*)(int, const uint8_t*, const Scales&, int64_t, const int8_t*, const float*,
                         const float*, const int32_t*, int64_t, int, float*, int64_t, int);
 
+// The vector path of a format: (G, bits, affine, sub-scaled, table) as the GGUF formats are; any other layout runs
+// on the scalar path.
 static RowsFn pick(const Format& f) {
-  const bool sub = f.gps > 1;
-  if (f.G == 32 && f.bits == 8 && f.zero >= 0 && !sub) return rows_vector<32, 8, false, false>;  // Q8_0
-  if (f.G == 32 && f.bits == 4 && f.zero >= 0 && !sub) return rows_vector<32, 4, false, false>;  // Q4_0
-  if (f.G == 32 && f.bits == 5 && f.zero >= 0 && !sub) return rows_vector<32, 5, false, false>;  // Q5_0
-  if (sub && f.gps != 256 / f.G) return nullptr;  // K-quants: super-blocks of 256 inputs (KGPS)
-  if (f.G == 16 && f.bits == 6 && f.zero >= 0 && sub) return rows_vector<16, 6, false, true>;    // Q6_K
-  if (f.G == 32 && f.bits == 4 && f.zero < 0 && sub) return rows_vector<32, 4, true, true>;      // Q4_K
+  const bool sub = f.gps > 1, affine = f.zero < 0;
+  if (sub && f.gps != 256 / f.G) return nullptr;  // K-quants and IQ4_XS: super-blocks of 256 inputs (KGPS)
+#define FORMAT(g, b, a, s, t) \
+  if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t) return rows_vector<g, b, a, s, t>;
+  FORMAT(32, 8, false, false, false)  // Q8_0
+  FORMAT(32, 4, false, false, false)  // Q4_0
+  FORMAT(32, 5, false, false, false)  // Q5_0
+  FORMAT(32, 4, true, false, false)   // Q4_1
+  FORMAT(32, 5, true, false, false)   // Q5_1
+  FORMAT(32, 4, false, false, true)   // IQ4_NL
+  FORMAT(32, 4, false, true, true)    // IQ4_XS
+  FORMAT(32, 4, true, true, false)    // Q4_K
+  FORMAT(32, 5, true, true, false)    // Q5_K
+  FORMAT(16, 6, false, true, false)   // Q6_K
+  FORMAT(16, 3, false, true, false)   // Q3_K
+  FORMAT(16, 2, true, true, false)    // Q2_K
+#undef FORMAT
   return nullptr;
 }
 #endif
 
-static Format check_format(int64_t G, int64_t bits, int64_t zero, int64_t gps) {
-  TORCH_CHECK((G == 16 || G == 32) && bits >= 4 && bits <= 8 && bits != 7, "group size 16 or 32, 4, 5, 6 or 8 bits");
-  TORCH_CHECK(zero >= -1 && zero < (1 << bits), "zero point: -1 (affine) or an unsigned value of the weight width");
+static Format check_format(int64_t G, int64_t bits, int64_t zero, int64_t gps, bool lut) {
+  TORCH_CHECK((G == 16 || G == 32) && bits >= 2 && bits <= 8 && bits != 7, "group size 16 or 32, 2-6 or 8 bits");
+  TORCH_CHECK(!lut || (bits == 4 && zero == 128), "a table format: 4-bit codes, zero point 128");
+  TORCH_CHECK(zero >= -1 && zero < (lut ? 256 : 1 << bits),
+              "zero point: -1 (affine) or an unsigned value of the weight width");
   TORCH_CHECK(gps >= 1, "groups per super-block: at least 1");
-  return Format{(int)G, (int)bits, (int)zero, (int)gps};
+  return Format{(int)G, (int)bits, (int)zero, (int)gps, lut};
 }
 
 // The scale tensors of one weight, checked: super (and supermin) [P, nsb, 16] float16, sub (and submin)
@@ -596,8 +638,8 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                      const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                      const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits, int64_t zero,
-                     int64_t gps, const c10::optional<torch::Tensor>& bias) {
-  torch::Tensor y = product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), true);
+                     int64_t gps, bool lut, const c10::optional<torch::Tensor>& bias) {
+  torch::Tensor y = product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps, lut), true);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
@@ -606,24 +648,24 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 torch::Tensor linear_panels(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                             const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                             const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits,
-                            int64_t zero, int64_t gps, const torch::Tensor& panels) {
-  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), true, panels);
+                            int64_t zero, int64_t gps, bool lut, const torch::Tensor& panels) {
+  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps, lut), true, panels);
 }
 
 // The same product on the scalar path, whatever the CPU (tests compare the two bitwise).
 torch::Tensor linear_scalar(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                             const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                             const c10::optional<torch::Tensor>& submins, int64_t N, int64_t G, int64_t bits,
-                            int64_t zero, int64_t gps) {
-  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps), false);
+                            int64_t zero, int64_t gps, bool lut) {
+  return product(x, packed, scales, mins, subscales, submins, N, check_format(G, bits, zero, gps, lut), false);
 }
 
 // The float32 weights of some outputs (rows of W): an embedding lookup, or de-quantizing for tests.
 torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& scales,
                               const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& subscales,
                               const c10::optional<torch::Tensor>& submins, const torch::Tensor& rows, int64_t N,
-                              int64_t K, int64_t G, int64_t bits, int64_t zero, int64_t gps) {
-  const Format f = check_format(G, bits, zero, gps);
+                              int64_t K, int64_t G, int64_t bits, int64_t zero, int64_t gps, bool lut) {
+  const Format f = check_format(G, bits, zero, gps, lut);
   const int64_t ng = K / f.G, P = packed.size(0);
   check_packed(f, packed, N, K);
   const ScaleTensors st = check_scales(f, P, ng, scales, mins, subscales, submins);
@@ -665,4 +707,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.attr("panel_outputs") = NO;
   m.attr("simd") = SIMD;
+  m.attr("iq4nl_values") = std::vector<int>(IQ4NL, IQ4NL + 16);  // the table IQ4 codes index (tests compare gguf's)
 }

@@ -22,18 +22,13 @@ def ext():
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random GGUF blocks of `name` for a [rows, cols] tensor, with fp16 scales of a real model's size."""
+    """Random GGUF blocks of `name` for a [rows, cols] tensor, with fp16 scales (and mins) of a real model's size."""
     rng = np.random.default_rng(seed)
-    _, _, per_block, block_bytes = quantized.DECODERS[name]
-    raw = rng.integers(0, 256, size=(rows, cols // per_block * block_bytes), dtype=np.uint8)
-    blocks = raw.reshape(-1, block_bytes)
-
-    def scales(n):
-        return rng.uniform(-0.05, 0.05, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-
-    where = {"Q4_K": [0, 2], "Q6_K": [208]}.get(name, [0])
-    for at in where:
-        blocks[:, at : at + 2] = scales(len(blocks))
+    block = quantized.DECODERS[name]
+    raw = rng.integers(0, 256, size=(rows, cols // block.weights * block.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, block.nbytes)
+    for at in block.halves:
+        blocks[:, at : at + 2] = rng.uniform(-0.05, 0.05, len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return raw
 
 
@@ -84,9 +79,7 @@ def test_a_row_is_the_same_bits_alone_or_among_any_rows(ext, name, shape):
     assert torch.equal(weight.linear(x[shuffled]), every[shuffled])  # at another place
     if ext.simd == "scalar":
         return  # the vector path is the scalar one on this CPU: nothing more to compare
-    f = weight.fmt
-    scalar = ext.linear_scalar(x, weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins,
-                               shape[0], f.group, f.bits, f.zero, f.gps)
+    scalar = ext.linear_scalar(x, *weight.args())
     assert torch.equal(scalar, every)  # the portable path: the same float operations in the same order
 
 
@@ -121,14 +114,28 @@ def test_float_weights_round_to_q8_0_as_gguf_does(ext):
     assert ((ours - w).norm() / w.norm()).item() < 0.01
 
 
+def test_the_iq4_table_is_the_gguf_packages(ext):
+    assert tuple(ext.iq4nl_values) == gguf_quants.IQ4_NL.kvalues
+
+
+def test_every_format_is_held_in_about_the_files_bytes_per_weight(ext):
+    """The packed planes and scales against the file's own blocks: at most the small integer sub-scales of Q2_K and
+    Q3_K (4 and 6 bits in the file) held as bytes, and fp16 scales per panel row."""
+    shape = (64, 1024)
+    for name, block in quantized.DECODERS.items():
+        weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape), *shape)
+        file_bytes = shape[0] * shape[1] // block.weights * block.nbytes
+        assert file_bytes <= weight.nbytes <= file_bytes * (1.2 if name in ("Q2_K", "Q3_K") else 1.03), name
+
+
 def test_bad_shapes_are_refused_with_the_reason(ext):
     with pytest.raises(ValueError, match="multiple of the group size"):
-        quantized.QuantWeight(quantized.DECODERS["Q8_0"][1], 16, 40)
+        quantized.QuantWeight(quantized.DECODERS["Q8_0"].fmt, 16, 40)
     with pytest.raises(ValueError, match="not supported"):
         quantized.from_gguf_blocks("IQ2_XXS", np.zeros((1, 1), np.uint8), 1, 256)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "Q5_1"])
 def test_merged_projections_are_the_same_bits_as_separate_calls(ext, name):
     shapes = [(48, 512), (16, 512), (40, 512)]  # q, k, v: whole panels, then a partial last one
     mods = [quantized.QuantLinear(quantized.from_gguf_blocks(name, random_blocks(name, *s, seed=i), *s),
@@ -141,7 +148,7 @@ def test_merged_projections_are_the_same_bits_as_separate_calls(ext, name):
     assert all(torch.equal(m(x), a) for m, a in zip(mods, apart))  # the modules now read views of the merged blocks
     assert mods[0].packed.data_ptr() == weight.packed.data_ptr()  # no second copy
     assert quantized.merge_linears(mods[:1]) is None
-    other = quantized.QuantLinear(quantized.from_gguf_blocks("Q5_0", random_blocks("Q5_0", 16, 512), 16, 512),
+    other = quantized.QuantLinear(quantized.from_gguf_blocks("Q5_K", random_blocks("Q5_K", 16, 512), 16, 512),
                                   torch.randn(16))
     assert quantized.merge_linears([mods[0], other]) is None  # formats differ
     assert quantized.merge_linears([mods[2], mods[0]]) is None  # a partial panel before the last part
@@ -181,9 +188,7 @@ def test_other_vector_units_give_the_same_bits_as_this_cpus_build_and_the_scalar
     sums, the same float operations lane for lane) against this CPU's build and the portable path, every row."""
     avx2 = other_build
     weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=3), *shape)
-    f = weight.fmt
-    args = (weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins, shape[0], f.group, f.bits,
-            f.zero, f.gps)
+    args = weight.args()
     torch.manual_seed(3)
     x = torch.randn(13, shape[1]) * torch.logspace(-2, 2, 13)[:, None]
     x[4] = 0
@@ -199,20 +204,62 @@ def test_other_vector_units_give_the_same_bits_as_this_cpus_build_and_the_scalar
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_the_integer_sums_at_their_extremes_give_the_same_bits_everywhere(ext, other_build, name):
-    """Every weight at its format's largest code (or Q8_0's -128) against activations all +127 or all -127: the
-    int16 pair sums of the AVX2 path at their bounds (32512 for 8 bits; 30480, 31496, 32004 for 4, 5, 6 bits)."""
+    """Every weight at its format's largest code (Q8_0's -128, the IQ4 table's -127) against activations all +127 or
+    all -127: the int16 pair sums of the AVX2 path at their bounds (32512 for 8 bits, 32258 for the IQ4 table;
+    30480, 31496, 32004 for 4, 5, 6 bits)."""
     shape = (41, 512)
     raw = random_blocks(name, *shape, seed=4)
-    blocks = raw.reshape(-1, quantized.DECODERS[name][3])
-    scales = {"Q4_K": [0, 1, 2, 3], "Q6_K": [208, 209]}.get(name, [0, 1])  # the fp16 scales stay as they are
+    block = quantized.DECODERS[name]
+    blocks = raw.reshape(-1, block.nbytes)
+    scales = {at + i for at in block.halves for i in (0, 1)}  # the fp16 scales stay as they are
     codes = [i for i in range(blocks.shape[1]) if i not in scales]
-    blocks[:, codes] = 0x80 if name == "Q8_0" else 0xFF  # Q8_0: int8 -128; the others: every bit of the code set
+    blocks[:, codes] = {"Q8_0": 0x80, "IQ4_NL": 0, "IQ4_XS": 0}.get(name, 0xFF)  # every bit of the others' codes set
     weight = quantized.from_gguf_blocks(name, raw, *shape)
-    f = weight.fmt
-    args = (weight.packed, weight.scales, weight.mins, weight.subscales, weight.submins, shape[0], f.group, f.bits,
-            f.zero, f.gps)
+    args = weight.args()
     x = torch.stack([torch.ones(shape[1]), -torch.ones(shape[1]), torch.ones(shape[1]) * 3])
     want = ext.linear_scalar(x, *args)
     assert torch.isfinite(want).all()
     assert torch.equal(other_build.linear(x, *args, None), want) and torch.equal(ext.linear(x, *args, None), want)
     assert torch.equal(other_build.linear(x[1:2], *args, None), want[1:2])
+
+
+@pytest.mark.parametrize("quant", ["Q4_1", "Q5_1"])
+def test_a_file_in_an_affine_format_loads_with_its_blocks_kept(ext, tmp_path, tok, quant):
+    """A GGUF file whose weights gguf's own writer quantized (Q4_1, Q5_1: a min per group): every Linear on the
+    kernel in that format, the logits the float model's within quantization and activation rounding."""
+    from specstruct.runtime.gguf_model import load_quantized
+    from specstruct.testing import tiny_model, write_gguf
+
+    model = tiny_model(tok)
+    path = tmp_path / f"tiny-{quant}.gguf"
+    stands_for = write_gguf(model, path, quant)
+    loaded = load_quantized(path, model.config)
+    assert not any(isinstance(m, torch.nn.Linear) for m in loaded.modules())
+    assert quantized.describe(loaded).startswith(quant)
+    ids = torch.tensor([tok.encode('{"name": "Ada", "tags": ["math"]}', add_special_tokens=False)])
+    with torch.inference_mode():
+        want, got = stands_for(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert ((got - want).norm() / want.norm()).item() < 0.03
+
+
+def test_a_format_the_kernel_does_not_compute_is_refused_by_name(ext, tmp_path, tok, monkeypatch):
+    """A tensor below 3 bits (IQ2_XXS here) is never widened silently: the error names the file's tensor, its type,
+    the formats that run and the fix."""
+    from specstruct.runtime import gguf_model
+    from specstruct.testing import tiny_model, write_gguf
+
+    model = tiny_model(tok)
+    path = tmp_path / "tiny.gguf"
+    write_gguf(model, path, "Q8_0")
+    read = gguf_model.read_tensors
+
+    def relabelled(p):
+        tensors = read(p)
+        for t in tensors:
+            if t.name == "blk.0.ffn_down.weight":
+                t.kind = "IQ2_XXS"
+        return tensors
+
+    monkeypatch.setattr(gguf_model, "read_tensors", relabelled)
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_down\.weight is IQ2_XXS.*Q2_K.*IQ4_XS.*weights='float32'"):
+        gguf_model.load_quantized(path, model.config)
