@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specstruct.runtime import native, packed
 from specstruct.runtime.architectures import ACTIVATIONS, ARCHITECTURES, Traits, layer_softcap, layer_window, norm_eps
@@ -184,7 +183,7 @@ def fused_forward(self, plan: _Plan, hidden_states: torch.Tensor, attention_mask
     else:
         h, x = ops.add_rms_norm(h, o, self.post_attention_layernorm.weight, eps, t.norm_offset)
     gate, up = _outputs(mlp, plan.gate_up, x)
-    g = F.silu(gate).mul_(up) if plan.silu else ops.gelu_tanh_mul(gate, up)
+    g = ops.silu_mul(gate, up) if plan.silu else ops.gelu_tanh_mul(gate, up)
     y = mlp.down_proj.forward(g)
     if t.sandwich:
         y = ops.rms_norm(y, self.post_feedforward_layernorm.weight, eps, t.norm_offset)

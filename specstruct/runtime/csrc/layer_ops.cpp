@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -144,39 +145,50 @@ static inline float exp_poly(float t) {
   return y * scale;
 }
 
-// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x.
-static inline float tanh_scalar(float x) {
-  const float z = std::fabs(x);
-  if (z < 0.625f) {
-    const float s = x * x;
-    return ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s + 1.33314422036e-1f) * s -
-            3.33332819422e-1f) * s * x + x;
-  }
-  const float r = z > 44.0f ? 1.0f : 1.0f - 2.0f / (exp_poly(z + z) + 1.0f);
-  return x < 0.0f ? -r : r;
+// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x; both
+// computed and one selected, so that loops of it vectorize (an element's bits depend on its place in its own row
+// alone: vector body or tail, the same arithmetic).
+static inline float tanh_poly(float x) {
+  const float z = std::fabs(x), s = x * x;
+  const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                        1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+  const float big = 1.0f - 2.0f / (exp_poly(std::min(z + z, 88.0f)) + 1.0f);
+  return z < 0.625f ? small : (x < 0.0f ? -big : big);
 }
 
-// gate, up [R, I] (rows of any stride) -> gelu_tanh(gate) * up [R, I]: Gemma's MLP activation (gelu_pytorch_tanh),
-// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), the same scalar code for every element.
-torch::Tensor gelu_tanh_mul(const torch::Tensor& gate, const torch::Tensor& up) {
+// gate, up [R, I] (rows of any stride) -> act(gate) * up [R, I], the MLP's activation: silu, x / (1 + exp(-x)), or
+// gelu_pytorch_tanh (Gemma), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Each row in one loop from its
+// first element (torch's elementwise kernels cut a tensor by threads and vector tails wherever the whole tensor's
+// size puts the cuts: an element's bits could depend on the number of rows).
+template <bool GELU>
+static torch::Tensor act_mul(const torch::Tensor& gate, const torch::Tensor& up) {
   for (const auto* t : {&gate, &up})
     TORCH_CHECK(t->scalar_type() == torch::kFloat && t->device().is_cpu() && t->dim() == 2 && t->stride(1) == 1,
-                "gelu_tanh_mul: float32 CPU [rows, size] with contiguous rows");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "gelu_tanh_mul: shapes do not match");
+                "act_mul: float32 CPU [rows, size] with contiguous rows");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "act_mul: shapes do not match");
   const int64_t R = gate.size(0), I = gate.size(1), gs = gate.stride(0), us = up.stride(0);
   auto y = torch::empty({R, I}, gate.options());
-  const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>();
+  const float *gp = gate.data_ptr<float>(), *upp = up.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, R, grain(I), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *g = gp + r * gs, *u = upp + r * us;
+      float* out = yp + r * I;
+#pragma omp simd
       for (int64_t j = 0; j < I; ++j) {
-        const float x = gp[r * gs + j];
-        const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-        yp[r * I + j] = 0.5f * x * (1.0f + tanh_scalar(inner)) * up_[r * us + j];
+        const float x = g[j];
+        if constexpr (GELU)
+          out[j] = 0.5f * x * (1.0f + tanh_poly(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[j];
+        else
+          out[j] = x / (1.0f + exp_poly(std::max(std::min(-x, 88.0f), -87.0f))) * u[j];
       }
+    }
   });
   return y;
 }
+
+torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up) { return act_mul<false>(gate, up); }
+torch::Tensor gelu_tanh_mul(const torch::Tensor& gate, const torch::Tensor& up) { return act_mul<true>(gate, up); }
 
 // In place: every head (head_dim floats; 0: cos's size) of q [R, Hq*hd] and k [R, Hk*hd] rotated by row r's cos /
 // sin [R, D], as transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1),
@@ -216,6 +228,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("eps"), py::arg("offset") = 0.0, py::arg("d_w") = py::none());
   m.def("head_rms_norm_", &head_rms_norm_, "RMSNorm of each head in place, per row", py::arg("x"), py::arg("w"),
         py::arg("eps"), py::arg("offset") = 0.0);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up per element, row-invariant", py::arg("gate"), py::arg("up"));
   m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu_tanh(gate) * up per element, row-invariant", py::arg("gate"),
         py::arg("up"));
   m.def("rope_", &rope_, "rotary position embedding of q and k in place, per row", py::arg("q"), py::arg("k"),

@@ -76,22 +76,23 @@ static inline float exp_shifted(float* __restrict x, int64_t n, float m) {
   return s;
 }
 
-// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x.
-static inline float tanh_scalar(float x) {
-  const float z = std::fabs(x);
-  if (z < 0.625f) {
-    const float s = x * x;
-    return ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s + 1.33314422036e-1f) * s -
-            3.33332819422e-1f) * s * x + x;
-  }
-  const float r = z > 44.0f ? 1.0f : 1.0f - 2.0f / (exp_poly(z + z) + 1.0f);
-  return x < 0.0f ? -r : r;
+// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x; both
+// computed and one selected, so that loops of it vectorize (an element's bits depend on its place in its own row
+// alone: vector body or tail, the same arithmetic).
+static inline float tanh_poly(float x) {
+  const float z = std::fabs(x), s = x * x;
+  const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                        1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+  const float big = 1.0f - 2.0f / (exp_poly(std::min(z + z, 88.0f)) + 1.0f);
+  return z < 0.625f ? small : (x < 0.0f ? -big : big);
 }
 
 // Soft-capping of n scores in place: s = cap * tanh(s / cap); cap 0: none.
 static inline void soft_cap(float* p, int64_t n, float cap) {
-  if (cap > 0.0f)
-    for (int64_t i = 0; i < n; ++i) p[i] = cap * tanh_scalar(p[i] / cap);
+  if (cap > 0.0f) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) p[i] = cap * tanh_poly(p[i] / cap);
+  }
 }
 
 // hsum of each of 8 vectors at once, the same adds in the same pairs (so the same bits): lanes i and i + 8, then

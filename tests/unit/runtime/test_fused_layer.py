@@ -38,6 +38,11 @@ def test_the_ops_compute_what_transformers_does(ops):
     gate, up = x[:, :512], d[:, 512:1024]  # column slices, as of a merged projection's output
     torch.testing.assert_close(ops.gelu_tanh_mul(gate, up),
                                torch.nn.functional.gelu(gate, approximate="tanh") * up, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ops.silu_mul(gate, up), torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    wide = torch.cat([x, -x]) * 40  # far out on both sides: no overflow, silu(-inf side) = 0, gelu's tanh = +-1
+    torch.testing.assert_close(ops.silu_mul(wide, wide), torch.nn.functional.silu(wide) * wide, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.gelu_tanh_mul(wide, wide),
+                               torch.nn.functional.gelu(wide, approximate="tanh") * wide, rtol=1e-5, atol=1e-5)
     q, k = torch.randn(7, 6 * 128, generator=gen), torch.randn(7, 2 * 128, generator=gen)
     q2, k2 = q.clone(), k.clone()
     part = torch.randn(7, 32, generator=gen)  # a partial rotary embedding: the first 64 floats of each head
@@ -65,7 +70,10 @@ def test_a_row_is_the_same_bits_alone_or_among_other_rows(ops):
     cos, sin = torch.randn(33, 64, generator=gen), torch.randn(33, 64, generator=gen)
     rq, rk = q.clone(), k.clone()
     ops.rope_(rq, rk, cos, sin)
+    acts = ops.silu_mul(x[:, :333], d[:, 7:340]), ops.gelu_tanh_mul(x[:, :333], d[:, 7:340])  # an odd width
     for i in (0, 5, 32):
+        assert torch.equal(ops.silu_mul(x[i : i + 1, :333], d[i : i + 1, 7:340])[0], acts[0][i])
+        assert torch.equal(ops.gelu_tanh_mul(x[i : i + 1, :333], d[i : i + 1, 7:340])[0], acts[1][i])
         assert torch.equal(ops.rms_norm(x[i : i + 1].clone(), w, 1e-6)[0], whole[i])
         si, yi = ops.add_rms_norm(x[i : i + 1].clone(), d[i : i + 1].clone(), w, 1e-6)
         assert torch.equal(si[0], s[i]) and torch.equal(yi[0], y[i])
