@@ -80,8 +80,8 @@ class Result(Generic[T]):
 
     Losslessness: with row-invariant numerics (`stats.numerics` says "row-invariant": CPU, GGUF blocks or
     float32, an architecture the row-wise attention is exact for), greedy speculative output equals greedy
-    target-only output token for token. With stock numerics (CUDA, bfloat16/float16, sliding windows,
-    soft-capping, attention sinks; `stats.numerics` names the reason) every token is still the target's own
+    target-only output token for token. With stock numerics (CUDA, bfloat16/float16, attention sinks, a window or
+    soft-cap the row-wise attention does not compute; `stats.numerics` names the reason) every token is the target's own
     choice on the pass that verified it and always matches the constraint, but a near-tie may resolve
     differently than in one-token-at-a-time decoding.
 

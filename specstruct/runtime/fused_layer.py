@@ -1,13 +1,15 @@
-"""A decoder layer's forward in a few calls: the layer of Llama-style models (Qwen2, Llama, Mistral) on the
-row-invariant runtime.
+"""A decoder layer's forward in a few calls: the layers of Qwen2 / 2.5, Qwen3, Llama 2 / 3.x (SmolLM), Mistral,
+Gemma 2, Gemma 3 and Phi-3 on the row-invariant runtime (their differences: architectures.py).
 
 transformers' layer runs ~40 small torch ops and module calls around its seven linear layers (RMSNorm's cast,
 pow, mean and rsqrt; rotate_half's slices, negation and concatenation; views, transposes, residual adds), each a
 few microseconds: at one token per step that is a sixth of a step of the 4-bit 1.5B model. Here the same
 computation is three C++ calls (csrc/layer_ops.cpp: RMSNorm, the residual add fused with the next RMSNorm, the
-rotary embedding in place) around the linears, the row-wise attention (packed.attend_pass) and SiLU; the
-projections that read one input (q, k, v; gate, up) are one kernel call where their GGUF blocks share a format
-(quantized.merge_linears: the input quantized once, bitwise the separate calls' outputs).
+rotary embedding in place; Qwen3's and Gemma 3's per-head q/k norms and Gemma's extra norms and gelu_tanh one call
+each more) around the linears, the row-wise attention (packed.attend_pass, with the layer's sliding window and
+soft-cap) and the activation; the projections that read one input (q, k, v; gate, up) are one kernel call where
+their GGUF blocks share a format (quantized.merge_linears: the input quantized once, bitwise the separate calls'
+outputs), or one module's call split by columns (Phi-3's qkv_proj and gate_up_proj).
 
 Every op is row-invariant (a row's result never depends on the other rows of the pass), so the guarantees hold as
 on the stock layer. The numerics differ from transformers' in the last bits (the norm's sum order), the same for
@@ -22,38 +24,56 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specstruct.runtime import native, packed
+from specstruct.runtime.architectures import ACTIVATIONS, ARCHITECTURES, Traits, layer_softcap, layer_window, norm_eps
 from specstruct.runtime.quantized import QuantLinear, QuantWeight, merge_linears
 
 _KERNEL = native.Kernel("specstruct_layer_ops", Path(__file__).parent / "csrc" / "layer_ops.cpp",
                         "the decoder layer's small ops", "decoder layers run transformers' own forward")
-MODEL_TYPES = ("qwen2", "llama", "mistral")  # pre-norm RMSNorm, rotary q/k, SiLU-gated MLP, no q/k norms
+MODEL_TYPES = tuple(ARCHITECTURES)
+
+
+def _names(traits: Traits) -> tuple[list[str], list[str]]:
+    """The projections of the attention's input (q, k, v) and of the MLP's (gate, up), as the modules name them."""
+    if traits.fused_projections:
+        return ["qkv_proj"], ["gate_up_proj"]
+    return ["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"]
+
+
+def _norms(layer: torch.nn.Module, traits: Traits) -> list[str]:
+    names = ["input_layernorm", "post_attention_layernorm"]
+    return names + ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if traits.sandwich else names
 
 
 def fused_support(model: torch.nn.Module) -> tuple[bool, str]:
-    """(True, "") when every decoder layer of `model` is the Llama-style layer computed here; else the reason."""
+    """(True, "") when every decoder layer of `model` is one computed here (architectures.ARCHITECTURES); else the
+    reason."""
     cfg = model.config
-    if cfg.model_type not in MODEL_TYPES:
+    traits = ARCHITECTURES.get(cfg.model_type)
+    if traits is None:
         return False, f"model type {cfg.model_type!r} is not one of {MODEL_TYPES}"
-    if getattr(cfg, "hidden_act", None) != "silu":
-        return False, f"activation {getattr(cfg, 'hidden_act', None)!r} is not silu"
-    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
-        return False, "a partial rotary embedding is in use"
+    act = getattr(cfg, traits.activation_key, None)
+    if act not in ACTIVATIONS:
+        return False, f"activation {act!r} is not one of {ACTIVATIONS}"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
         return False, "no decoder layers at model.layers"
+    qkv, gate_up = _names(traits)
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if any(p is None for p in parts) or any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
-            return False, f"layer {getattr(attn, 'layer_idx', '?')} is not a plain Llama-style layer"
-        for norm in (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)):
-            if not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon") \
-                    or norm.weight.dtype != torch.float32:
+        parts = [getattr(attn, n, None) for n in [*qkv, "o_proj"]] + [getattr(mlp, n, None) for n in [*gate_up,
+                                                                                                  "down_proj"]]
+        qk_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+        if any(p is None for p in parts) or (traits.qk_norm and None in qk_norms) or \
+                (not traits.qk_norm and any(n is not None for n in qk_norms)):
+            return False, f"layer {getattr(attn, 'layer_idx', '?')} is not a {cfg.model_type} layer as expected"
+        norms = [getattr(layer, n, None) for n in _norms(layer, traits)] + (qk_norms if traits.qk_norm else [])
+        for norm in norms:
+            if norm_eps(norm) is None or norm.weight.dtype != torch.float32:
                 return False, f"{type(norm).__name__} is not a float32 RMSNorm"
+        if traits.sandwich and norm_eps(layer.post_attention_layernorm) != norm_eps(layer.pre_feedforward_layernorm):
+            return False, "the norms around the residual add have different epsilons"
     if _KERNEL.load() is None:
         return False, _KERNEL.error or "the layer kernel is not built"
     return True, ""
@@ -63,19 +83,26 @@ def fuse(model: torch.nn.Module) -> bool:
     """Give every decoder layer the fused forward where `fused_support` allows (idempotent); True if it did."""
     if not fused_support(model)[0]:
         return False
+    cfg = model.config
+    traits = ARCHITECTURES[cfg.model_type]
+    qkv, gate_up = _names(traits)
     for layer in model.model.layers:
         if "forward" not in layer.__dict__:
             attn, mlp = layer.self_attn, layer.mlp
-            plan = _Plan(_calls(attn, ["q_proj", "k_proj", "v_proj"]), _calls(mlp, ["gate_proj", "up_proj"]))
+            d = attn.head_dim
+            hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+            plan = _Plan(_calls(attn, qkv, (hq * d, hkv * d, hkv * d)), _calls(mlp, gate_up, (cfg.intermediate_size,) * 2),
+                         traits, norm_eps(layer.input_layernorm), layer_window(attn, cfg), layer_softcap(attn),
+                         getattr(cfg, traits.activation_key) == "silu")
             layer.forward = functools.partial(fused_forward, layer, plan)
     return True
 
 
 @dataclass(frozen=True)
 class _Call:
-    """x [N, in] -> [N, sum(sizes)]: one linear call computing the outputs of one or more projections: the merged
-    blocks of several, or one projection's own module (looked up at each call: it may be replaced, as a draft's
-    linears are by int8 ones)."""
+    """x [N, in] -> [N, sum(sizes)], split by `sizes`: one linear call computing the outputs of one or more
+    projections: the merged blocks of several, or one projection's own module (looked up at each call: it may be
+    replaced, as a draft's linears are by int8 ones), Phi-3's computing several outputs by rows."""
     sizes: tuple[int, ...]
     name: str | None = None
     weight: QuantWeight | None = None
@@ -86,28 +113,33 @@ class _Call:
 class _Plan:
     qkv: tuple[_Call, ...]
     gate_up: tuple[_Call, ...]
+    traits: Traits
+    eps: float
+    window: int  # the layer's sliding window (0: none)
+    softcap: float  # its attention-logit soft-cap (0: none)
+    silu: bool  # else gelu_pytorch_tanh
 
 
-def _calls(parent: torch.nn.Module, names: list[str]) -> tuple[_Call, ...]:
+def _calls(parent: torch.nn.Module, names: list[str], sizes: tuple[int, ...]) -> tuple[_Call, ...]:
     """The projections of one input as few kernel calls as their weights allow: block-quantized ones of one format
-    merged (quantized.merge_linears), any other one its own call."""
+    merged (quantized.merge_linears), any other one its own call; one module (Phi-3's) split into `sizes`."""
+    if len(names) == 1:
+        return (_Call(sizes, name=names[0]),)
     mods = [getattr(parent, n) for n in names]
     if all(isinstance(m, QuantLinear) for m in mods):
         for n in range(len(mods), 1, -1):  # the longest leading run that merges (q+k+v, else q+k), then the rest
             merged = merge_linears(mods[:n])
             if merged is not None:
-                return (_Call(tuple(m.out_features for m in mods[:n]), weight=merged[0], bias=merged[1]),
-                        *_calls(parent, names[n:]))
+                rest = _calls(parent, names[n:], sizes[n:]) if n < len(names) else ()
+                return (_Call(tuple(m.out_features for m in mods[:n]), weight=merged[0], bias=merged[1]), *rest)
     return tuple(_Call((m.out_features,), name=n) for m, n in zip(mods, names))
 
 
 def _outputs(parent: torch.nn.Module, calls: tuple[_Call, ...], x: torch.Tensor) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for call in calls:
-        if call.weight is None:
-            out.append(getattr(parent, call.name).forward(x))
-        else:
-            out += call.weight.linear(x, call.bias).split(call.sizes, dim=-1)
+        y = getattr(parent, call.name).forward(x) if call.weight is None else call.weight.linear(x, call.bias)
+        out += y.split(call.sizes, dim=-1) if len(call.sizes) > 1 else [y]
     return out
 
 
@@ -119,28 +151,40 @@ def unfuse(model: torch.nn.Module) -> None:
 
 def fused_forward(self, plan: _Plan, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
                   use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
-    """transformers' Llama-style decoder layer: h += attn(norm(h)); h += mlp(norm(h)). hidden_states [1, N, C]."""
+    """transformers' decoder layer: h += attn(norm(h)); h += mlp(norm(h)) (Gemma: h += norm(attn(norm(h))),
+    h += norm(mlp(norm(h)))). hidden_states [1, N, C]."""
     b, n, c = hidden_states.shape
     if b != 1 or hidden_states.dtype != torch.float32:  # the packed runtime passes one row of N tokens
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     if cache is None:  # transformers before 5.2x hands the layer its cache under the older names
         cache = kwargs.pop("past_key_values", None) or kwargs.pop("past_key_value", None)
-    ops = _KERNEL.module
+    ops, t, eps = _KERNEL.module, plan.traits, plan.eps
     attn, mlp = self.self_attn, self.mlp
     h = hidden_states.reshape(b * n, c)
-    x = ops.rms_norm(h, self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
-    q, k, v = (t if t.dim() == 2 else t.reshape(b * n, -1) for t in _outputs(attn, plan.qkv, x))
-    cos, sin = position_embeddings
-    ops.rope_(q, k, cos.reshape(b * n, -1), sin.reshape(b * n, -1))
+    x = ops.rms_norm(h, self.input_layernorm.weight, eps, t.norm_offset)
+    q, k, v = (y if y.dim() == 2 else y.reshape(b * n, -1) for y in _outputs(attn, plan.qkv, x))
     d = attn.head_dim
+    if t.qk_norm:
+        ops.head_rms_norm_(q, attn.q_norm.weight, eps, t.norm_offset)
+        ops.head_rms_norm_(k, attn.k_norm.weight, eps, t.norm_offset)
+    cos, sin = position_embeddings
+    ops.rope_(q, k, cos.reshape(b * n, -1), sin.reshape(b * n, -1), d)
     hq, hkv = q.shape[-1] // d, k.shape[-1] // d
     key, value = k.view(1, n, hkv, d).transpose(1, 2), v.view(1, n, hkv, d).transpose(1, 2)
     if cache is not None:  # a plain forward with transformers' cache (the packed pass routes through its layout)
         key, value = cache.update(key, value, attn.layer_idx)
-    out = packed.attend_pass(attn.layer_idx, q.view(n, hkv, hq // hkv, d).permute(1, 2, 0, 3), key, value, attn.scaling)
+    out = packed.attend_pass(attn.layer_idx, q.view(n, hkv, hq // hkv, d).permute(1, 2, 0, 3), key, value,
+                             attn.scaling, plan.window, plan.softcap)
     o = attn.o_proj.forward(out.reshape(n, hq * d))
-    h, x = ops.add_rms_norm(h, o, self.post_attention_layernorm.weight, self.post_attention_layernorm.variance_epsilon)
+    if t.sandwich:
+        h, x = ops.add_rms_norm(h, o, self.pre_feedforward_layernorm.weight, eps, t.norm_offset,
+                                self.post_attention_layernorm.weight)
+    else:
+        h, x = ops.add_rms_norm(h, o, self.post_attention_layernorm.weight, eps, t.norm_offset)
     gate, up = _outputs(mlp, plan.gate_up, x)
-    g = F.silu(gate).mul_(up)
-    return h.add_(mlp.down_proj.forward(g)).view(b, n, c)
+    g = ops.silu_mul(gate, up) if plan.silu else ops.gelu_tanh_mul(gate, up)
+    y = mlp.down_proj.forward(g)
+    if t.sandwich:
+        y = ops.rms_norm(y, self.post_feedforward_layernorm.weight, eps, t.norm_offset)
+    return h.add_(y).view(b, n, c)

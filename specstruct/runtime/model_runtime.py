@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from specstruct.models.loading import output_rows
-from specstruct.runtime import fixed_linear, quantized
+from specstruct.runtime import architectures, fixed_linear, quantized
 from specstruct.runtime.fused_layer import fuse, unfuse
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
@@ -42,14 +42,17 @@ from specstruct.runtime.packed import ATTN_NAME, KVSequence, forward_packed, use
 
 
 def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
-    """(True, "") when the row-wise attention above computes exactly what the model's own attention does:
-    plain causal attention over every cached key, routed through transformers' AttentionInterface. Otherwise
-    (False, the reason): sliding windows, attention-logit soft-capping, attention sinks and chunked attention
-    would all be computed wrongly, silently. tests/unit/runtime/test_row_invariant_support.py checks each."""
+    """(True, "") when the row-wise attention above computes exactly what the model's own attention does: causal
+    attention over every cached key -- or over a layer's sliding window, with its soft-capping, for the
+    architectures whose attention modules hand those to the attention function (architectures.WINDOWED) --
+    routed through transformers' AttentionInterface. Otherwise (False, the reason): a window or a cap elsewhere,
+    attention sinks, chunked attention and rotary embeddings scaled by a pass's length would all be computed
+    wrongly, silently. tests/unit/runtime/test_row_invariant_support.py checks each."""
     cfg = model.config
     if not getattr(model, "_supports_attention_backend", False):
         return False, f"{type(model).__name__} does not route attention through transformers' AttentionInterface"
-    if getattr(cfg, "attn_logit_softcapping", None):
+    windowed = cfg.model_type in architectures.WINDOWED
+    if getattr(cfg, "attn_logit_softcapping", None) and not windowed:
         return False, "attention-logit soft-capping is in use"
     if getattr(cfg, "attention_chunk_size", None):
         return False, "chunked attention is in use"
@@ -60,8 +63,13 @@ def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
     else:
         sliding = getattr(cfg, "use_sliding_window", None) is not False and bool(window) and \
             window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
-    if sliding:
+    if sliding and not windowed:
         return False, f"a sliding window ({window} tokens) is in use"
+    if layer_types is not None and any("chunk" in str(t) for t in layer_types):
+        return False, "chunked attention is in use"
+    rope_ok, why = architectures.rope_support(cfg)
+    if not rope_ok:
+        return False, why
     for name, mod in model.named_modules():
         if isinstance(getattr(mod, "sinks", None), torch.Tensor):
             return False, f"attention sinks are in use ({name})"
@@ -114,6 +122,7 @@ def restore_stock(model: torch.nn.Module) -> None:
     (bitwise the originals), stock Linear forwards, the model's sdpa attention."""
     unpack_linears(model)
     unfuse(model)
+    architectures.stock_rotary(model)
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
             del mod.forward

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from specstruct.runtime import native, sparse_head
+from specstruct.runtime import architectures, native, sparse_head
 
 ATTN_NAME = "specstruct_rowwise"
 ATTENTIONS = ("cpp", "torch")
@@ -49,8 +49,10 @@ class KVSequence:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=config)
-        growing = _growing_layer()
-        self.cache.layers = [growing() if type(layer) is growing.__base__ else layer for layer in self.cache.layers]
+        growing, growable = _growing_layer(), _growable()
+        # every layer keeps all its positions, sliding-window ones too (the attention skips keys outside the window):
+        # a speculative step crops back past positions a window-sized layer would already have dropped
+        self.cache.layers = [growing() if type(layer) in growable else layer for layer in self.cache.layers]
         if layers and len(self.cache.layers) < len(layers):  # a version that adds layers lazily: as transformers does
             self.cache = DynamicCache(ddp_cache_data=layers, config=config)
         else:
@@ -75,6 +77,18 @@ class KVSequence:
         if remove:
             self.cache.crop(-remove)  # a negative count removes from the end (transformers 4.x and 5.x)
             self.length = length
+
+
+@functools.cache
+def _growable() -> tuple[type, ...]:
+    """The cache layer types KVSequence replaces by its growing layer."""
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+    except ImportError:  # a version without window-sized layers
+        return (DynamicLayer,)
+    return DynamicLayer, DynamicSlidingWindowLayer
 
 
 @functools.cache
@@ -112,8 +126,11 @@ class _Segment:
     size: int
 
 
-def _attend_rows_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys.
+def _attend_rows_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int = 0,
+                       softcap: float = 0.0) -> torch.Tensor:
+    """q [Hkv, g, Lq, D] (the last Lq positions), k/v [Hkv, Lk, D] -> [Lq, Hkv*g, D], each row over its own keys:
+    all before it, or with a sliding `window` its last `window` (itself included); `softcap` > 0 caps each score s
+    as softcap * tanh(s / softcap) before the softmax.
 
     Every row goes through exactly these ops with shapes fixed by its own position, so its result does not
     depend on the other rows of the block (nor on how a prompt was cut into blocks)."""
@@ -124,17 +141,22 @@ def _attend_rows_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scalin
     same = v.dtype == torch.float32
     rows = []
     for i in range(lq):
-        seen = lk - lq + i + 1  # keys visible to row i
-        p = torch.softmax(torch.matmul(q[:, :, i, :], kt[:, :, :seen]), dim=-1, dtype=torch.float32)
-        rows.append(torch.matmul(p if same else p.to(v.dtype), v[:, :seen, :]))  # [Hkv, g, D]
+        end = lk - lq + i + 1  # keys visible to row i: [first, end)
+        first = max(0, end - window) if window else 0
+        s = torch.matmul(q[:, :, i, :], kt[:, :, first:end])
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        p = torch.softmax(s, dim=-1, dtype=torch.float32)
+        rows.append(torch.matmul(p if same else p.to(v.dtype), v[:, first:end, :]))  # [Hkv, g, D]
     return torch.stack(rows, dim=0).reshape(lq, hkv * g, d)
 
 
-def _attend_rows_cpp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+def _attend_rows_cpp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int = 0,
+                     softcap: float = 0.0) -> torch.Tensor:
     """_attend_rows_torch's computation in one C++ call (float32 CPU tensors; else the torch ops)."""
     if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu":
-        return _KERNEL.module.attend(q, k, v, scaling)
-    return _attend_rows_torch(q, k, v, scaling)
+        return _KERNEL.module.attend(q, k, v, scaling, window, softcap)
+    return _attend_rows_torch(q, k, v, scaling, window, softcap)
 
 
 _ATTEND = {"cpp": _attend_rows_cpp, "torch": _attend_rows_torch}
@@ -149,28 +171,34 @@ def attention_kernel() -> str:
     return "cpp" if name == "cpp" and _KERNEL.load() is not None else "torch"
 
 
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query [1, H, N, D], key/value [1, Hkv, N, D] (this pass's tokens only) -> ([1, N, H, D], None)."""
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     softcap=None, **kwargs):
+    """query [1, H, N, D], key/value [1, Hkv, N, D] (this pass's tokens only) -> ([1, N, H, D], None). The layer's
+    sliding window and soft-capping come as transformers' attention modules pass them (model_runtime's
+    row_invariant_support lists the architectures that do)."""
     _, h, n, d = query.shape
     hkv = key.shape[1]
     scaling = scaling if scaling is not None else d**-0.5
-    return attend_pass(module.layer_idx, query[0].reshape(hkv, h // hkv, n, d), key, value, scaling).unsqueeze(0), None
+    out = attend_pass(module.layer_idx, query[0].reshape(hkv, h // hkv, n, d), key, value, scaling,
+                      sliding_window or 0, softcap or 0.0)
+    return out.unsqueeze(0), None
 
 
 def attend_pass(layer_idx: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                scaling: float) -> torch.Tensor:
+                scaling: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """One layer's attention over a pass: q [Hkv, g, N, D], key/value [1, Hkv, N, D] (this pass's tokens; views
     are fine) -> [N, Hkv*g, D]. Each segment of the pass's layout appends its keys and values to its own cache
-    and attends over it; without a layout (a plain forward) the pass attends causally over its own tokens."""
+    and attends over it; without a layout (a plain forward) the pass attends causally over its own tokens.
+    `window` > 0: each row sees its last `window` keys; `softcap` > 0: scores soft-capped (_attend_rows_torch)."""
     layout: list[_Segment] | None = getattr(_local, "layout", None)
     attend = _ATTEND[getattr(_local, "attention", None) or attention_kernel()]
     if layout is None:  # a plain causal forward over the given keys (no cache routing)
-        return attend(q, key[0], value[0], scaling)
+        return attend(q, key[0], value[0], scaling, window, softcap)
     outs = []
     for seg in layout:
         sl = slice(seg.start, seg.start + seg.size)
         k_all, v_all = seg.seq.cache.update(key[:, :, sl], value[:, :, sl], layer_idx)
-        outs.append(attend(q[:, :, sl], k_all[0], v_all[0], scaling))
+        outs.append(attend(q[:, :, sl], k_all[0], v_all[0], scaling, window, softcap))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
@@ -184,6 +212,7 @@ def use_packed_attention(model: torch.nn.Module) -> str:
     """Route the model's attention through `packed_attention` (idempotent). Returns which row-wise attention
     computes it ("cpp" or "torch"), chosen the first time and kept for the model's life."""
     register_attention()
+    architectures.per_row_rotary(model)  # each row's cos / sin by its own position alone
     for sub in model.modules():  # submodules keep their own config reference in some architectures
         cfg = getattr(sub, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):

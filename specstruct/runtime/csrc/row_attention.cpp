@@ -10,13 +10,19 @@
 // number of visible keys and the head size: dot products in 16 lanes (lane = input index mod 16) reduced by a
 // fixed tree, the softmax's sum the same way over keys, and the weighted sum of values in increasing key order.
 // No order depends on the number of rows in the call, a row's place among them, or the thread split. The
-// exponential is a Cephes-style polynomial (about 1 ulp), the same code for every row. For speed, keys are scored
+// exponential is a Cephes-style polynomial (about 1 ulp), the same code for every row.
+//
+// A sliding window (Mistral, Gemma 2 and 3, Phi-3) is where a row's keys start: the row at position p sees keys
+// p - window + 1 .. p, as transformers' sliding-window mask. Soft-capping (Gemma 2) replaces each score s (already
+// scaled) by cap * tanh(s / cap) before the softmax, tanh a Cephes-style polynomial too: both depend on the row's
+// own position and scores alone, so rows stay invariant. For speed, keys are scored
 // eight at a time (independent chains, their sums reduced together by the same tree: the same bits) and each value
 // row is read once for all the query heads of its KV head, not once per head.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -40,32 +46,53 @@ static inline float hsum(v16 a) {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-// x[j] = exp(x[j] - m) for x[j] <= m, and their sum (16 lanes over j, then the tail in order): range reduction by
-// ln 2 (Cephes' two-part constant), a degree-6 polynomial, the power of two written into the exponent bits.
+// exp(t) for t in [-87, 88]: range reduction by ln 2 (Cephes' two-part constant), a degree-6 polynomial, the power
+// of two written into the exponent bits.
+static inline float exp_poly(float t) {
+  float fn = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = t - fn * 0.693359375f + fn * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(float));
+  return y * scale;
+}
+
+// x[j] = exp(x[j] - m) for x[j] <= m, and their sum (16 lanes over j, then the tail in order).
 static inline float exp_shifted(float* __restrict x, int64_t n, float m) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float t = std::max(x[i] - m, -87.0f);  // exp(-87) ~ 1.6e-38: no denormal scale
-    float fn = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-    float r = t - fn * 0.693359375f + fn * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(float));
-    x[i] = y * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_poly(std::max(x[i] - m, -87.0f));  // exp(-87) ~ 1.6e-38: no denormal
   v16 acc = {};
   int64_t i = 0;
   for (; i + W <= n; i += W) acc += load(x + i);
   float s = hsum(acc);
   for (; i < n; ++i) s += x[i];
   return s;
+}
+
+// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x; both
+// computed and one selected, so that loops of it vectorize (an element's bits depend on its place in its own row
+// alone: vector body or tail, the same arithmetic).
+static inline float tanh_poly(float x) {
+  const float z = std::fabs(x), s = x * x;
+  const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                        1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+  const float big = 1.0f - 2.0f / (exp_poly(std::min(z + z, 88.0f)) + 1.0f);
+  return z < 0.625f ? small : (x < 0.0f ? -big : big);
+}
+
+// Soft-capping of n scores in place: s = cap * tanh(s / cap); cap 0: none.
+static inline void soft_cap(float* p, int64_t n, float cap) {
+  if (cap > 0.0f) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) p[i] = cap * tanh_poly(p[i] / cap);
+  }
 }
 
 // hsum of each of 8 vectors at once, the same adds in the same pairs (so the same bits): lanes i and i + 8, then
@@ -116,10 +143,11 @@ static void scores(const float* q, const float* k, int64_t G, int64_t seen, floa
 // divided by the softmax's sum. G known here: the values are read once for all G heads, CW vectors of each at a
 // time (G * CW accumulators in registers), where a loop per head would read them G times.
 template <int C, int G>
-static void one_row(const float* q, const float* k, const float* v, float* out, int64_t seen, float* p) {
+static void one_row(const float* q, const float* k, const float* v, float* out, int64_t seen, float* p, float cap) {
   constexpr int64_t D = C * W;
   constexpr int CW = (G + 1) * 4 <= 28 ? std::min(C, 4) : std::min(C, 2);
   scores<C>(q, k, G, seen, p);
+  soft_cap(p, G * seen, cap);
   float total[G];
   for (int g = 0; g < G; ++g) total[g] = exp_shifted(p + g * seen, seen, *std::max_element(p + g * seen, p + (g + 1) * seen));
   for (int c0 = 0; c0 < C; c0 += CW) {
@@ -140,9 +168,10 @@ static void one_row(const float* q, const float* k, const float* v, float* out, 
 // Any G: the same computation, the values read once per head.
 template <int C>
 static void one_row_any_g(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t seen,
-                          float* p) {
+                          float* p, float cap) {
   constexpr int64_t D = C * W;
   scores<C>(q, k, G, seen, p);
+  soft_cap(p, G * seen, cap);
   for (int64_t g = 0; g < G; ++g) {
     float* pg = p + g * seen;
     const float total = exp_shifted(pg, seen, *std::max_element(pg, pg + seen));
@@ -157,23 +186,23 @@ static void one_row_any_g(const float* q, const float* k, const float* v, float*
 
 template <int C>
 static void one_row_c(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t seen,
-                      float* p) {
+                      float* p, float cap) {
   switch (G) {  // the usual query heads per KV head; the values summed in the same order either way
-    case 1: one_row<C, 1>(q, k, v, out, seen, p); break;
-    case 2: one_row<C, 2>(q, k, v, out, seen, p); break;
-    case 3: one_row<C, 3>(q, k, v, out, seen, p); break;
-    case 4: one_row<C, 4>(q, k, v, out, seen, p); break;
-    case 5: one_row<C, 5>(q, k, v, out, seen, p); break;
-    case 6: one_row<C, 6>(q, k, v, out, seen, p); break;
-    case 7: one_row<C, 7>(q, k, v, out, seen, p); break;
-    case 8: one_row<C, 8>(q, k, v, out, seen, p); break;
-    default: one_row_any_g<C>(q, k, v, out, G, seen, p);
+    case 1: one_row<C, 1>(q, k, v, out, seen, p, cap); break;
+    case 2: one_row<C, 2>(q, k, v, out, seen, p, cap); break;
+    case 3: one_row<C, 3>(q, k, v, out, seen, p, cap); break;
+    case 4: one_row<C, 4>(q, k, v, out, seen, p, cap); break;
+    case 5: one_row<C, 5>(q, k, v, out, seen, p, cap); break;
+    case 6: one_row<C, 6>(q, k, v, out, seen, p, cap); break;
+    case 7: one_row<C, 7>(q, k, v, out, seen, p, cap); break;
+    case 8: one_row<C, 8>(q, k, v, out, seen, p, cap); break;
+    default: one_row_any_g<C>(q, k, v, out, G, seen, p, cap);
   }
 }
 
 // Any head size: the same computation, one float at a time (a dot product summed in increasing index).
 static void one_row_any(const float* q, const float* k, const float* v, float* out, int64_t G, int64_t D,
-                        int64_t seen, float* p) {
+                        int64_t seen, float* p, float cap) {
   for (int64_t g = 0; g < G; ++g) {
     float* pg = p + g * seen;
     for (int64_t j = 0; j < seen; ++j) {
@@ -181,6 +210,7 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
       for (int64_t d = 0; d < D; ++d) s += q[g * D + d] * k[j * D + d];
       pg[j] = s;
     }
+    soft_cap(pg, seen, cap);
     const float total = exp_shifted(pg, seen, *std::max_element(pg, pg + seen));
     for (int64_t d = 0; d < D; ++d) {
       float o = 0.f;
@@ -191,8 +221,9 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
 }
 
 // q [Hkv, G, Lq, D] (the last Lq positions), k / v [Hkv, Lk, D] -> [Lq, Hkv * G, D]; row i sees keys
-// 0 .. Lk - Lq + i.
-torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in, double scaling) {
+// 0 .. Lk - Lq + i, or with a sliding window (window > 0) its last `window` of them; softcap > 0 caps the scores.
+torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in, double scaling,
+                     int64_t window, double softcap) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 3 && v_in.dim() == 3, "attend: q [Hkv, G, Lq, D], k/v [Hkv, Lk, D]");
   TORCH_CHECK(q_in.scalar_type() == torch::kFloat && k_in.scalar_type() == torch::kFloat &&
               v_in.scalar_type() == torch::kFloat, "attend: float32 only");
@@ -200,6 +231,8 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
   const int64_t H = q_in.size(0), G = q_in.size(1), Lq = q_in.size(2), D = q_in.size(3), Lk = k_in.size(1);
   TORCH_CHECK(k_in.size(0) == H && v_in.size(0) == H && k_in.size(2) == D && v_in.size(2) == D &&
               v_in.size(1) == Lk && Lk >= Lq, "attend: shapes do not match");
+  TORCH_CHECK(window >= 0 && softcap >= 0, "attend: window and softcap are >= 0 (0: none)");
+  const float cap = static_cast<float>(softcap);
   // [Lq, H, G, D], each row's queries times `scaling` (as transformers' eager attention does before q.k)
   const auto q = (q_in.permute({2, 0, 1, 3}) * scaling).contiguous();
   // keys / values may be views of a longer buffer (the KV cache grows in place): rows of D floats, any head stride
@@ -214,16 +247,18 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
   at::parallel_for(0, Lq * H, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> p(G * Lk);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i = t / H, h = t % H, seen = Lk - Lq + i + 1;
+      const int64_t i = t / H, h = t % H, end = Lk - Lq + i + 1;
+      const int64_t first = window > 0 && end > window ? end - window : 0, seen = end - first;
       const float* qt = qp + t * G * D;
-      const float *kh = kp + h * ks, *vh = vp + h * vs;
+      const float *kh = kp + h * ks + first * D, *vh = vp + h * vs + first * D;
       float* ot = op + t * G * D;
       switch (D) {  // the usual head sizes, in registers; any other, one float at a time
-        case 16: one_row_c<1>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 32: one_row_c<2>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 64: one_row_c<4>(qt, kh, vh, ot, G, seen, p.data()); break;
-        case 128: one_row_c<8>(qt, kh, vh, ot, G, seen, p.data()); break;
-        default: one_row_any(qt, kh, vh, ot, G, D, seen, p.data());
+        case 16: one_row_c<1>(qt, kh, vh, ot, G, seen, p.data(), cap); break;
+        case 32: one_row_c<2>(qt, kh, vh, ot, G, seen, p.data(), cap); break;
+        case 64: one_row_c<4>(qt, kh, vh, ot, G, seen, p.data(), cap); break;
+        case 128: one_row_c<8>(qt, kh, vh, ot, G, seen, p.data(), cap); break;
+        case 256: one_row_c<16>(qt, kh, vh, ot, G, seen, p.data(), cap); break;
+        default: one_row_any(qt, kh, vh, ot, G, D, seen, p.data(), cap);
       }
     }
   });
@@ -232,5 +267,5 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-wise causal attention, each query row over its own visible keys, row-invariant",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"));
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("window") = 0, py::arg("softcap") = 0.0);
 }

@@ -27,7 +27,27 @@ def test_the_ops_compute_what_transformers_does(ops):
     s, y = ops.add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(s, x + d)
     torch.testing.assert_close(y, ops.rms_norm(x + d, w, 1e-6), rtol=0, atol=0)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6, 1.0), (1 + w) * (ref / w), rtol=1e-4, atol=1e-4)
+    s, y = ops.add_rms_norm(x, d, w, 1e-6, 1.0, w + 0.5)  # Gemma: the attention's output normed before the add
+    assert torch.equal(s, x + ops.rms_norm(d, w + 0.5, 1e-6, 1.0))
+    assert torch.equal(y, ops.rms_norm(s, w, 1e-6, 1.0))
+    heads = x[:, :1024].clone()
+    ops.head_rms_norm_(heads, w[:128], 1e-6)  # Qwen3's q / k norms: each head of 128 on its own
+    torch.testing.assert_close(heads, ops.rms_norm(x[:, :1024].reshape(56, 128).contiguous(), w[:128], 1e-6)
+                               .view(7, 1024), rtol=0, atol=0)
+    gate, up = x[:, :512], d[:, 512:1024]  # column slices, as of a merged projection's output
+    torch.testing.assert_close(ops.gelu_tanh_mul(gate, up),
+                               torch.nn.functional.gelu(gate, approximate="tanh") * up, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ops.silu_mul(gate, up), torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    wide = torch.cat([x, -x]) * 40  # far out on both sides: no overflow, silu(-inf side) = 0, gelu's tanh = +-1
+    torch.testing.assert_close(ops.silu_mul(wide, wide), torch.nn.functional.silu(wide) * wide, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.gelu_tanh_mul(wide, wide),
+                               torch.nn.functional.gelu(wide, approximate="tanh") * wide, rtol=1e-5, atol=1e-5)
     q, k = torch.randn(7, 6 * 128, generator=gen), torch.randn(7, 2 * 128, generator=gen)
+    q2, k2 = q.clone(), k.clone()
+    part = torch.randn(7, 32, generator=gen)  # a partial rotary embedding: the first 64 floats of each head
+    ops.rope_(q2, k2, torch.cat([part.cos()] * 2, -1), torch.cat([part.sin()] * 2, -1), 128)
+    assert torch.equal(q2.view(7, 6, 128)[..., 64:], q.view(7, 6, 128)[..., 64:])
     angles = torch.randn(7, 64, generator=gen)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
 
@@ -50,7 +70,10 @@ def test_a_row_is_the_same_bits_alone_or_among_other_rows(ops):
     cos, sin = torch.randn(33, 64, generator=gen), torch.randn(33, 64, generator=gen)
     rq, rk = q.clone(), k.clone()
     ops.rope_(rq, rk, cos, sin)
+    acts = ops.silu_mul(x[:, :333], d[:, 7:340]), ops.gelu_tanh_mul(x[:, :333], d[:, 7:340])  # an odd width
     for i in (0, 5, 32):
+        assert torch.equal(ops.silu_mul(x[i : i + 1, :333], d[i : i + 1, 7:340])[0], acts[0][i])
+        assert torch.equal(ops.gelu_tanh_mul(x[i : i + 1, :333], d[i : i + 1, 7:340])[0], acts[1][i])
         assert torch.equal(ops.rms_norm(x[i : i + 1].clone(), w, 1e-6)[0], whole[i])
         si, yi = ops.add_rms_norm(x[i : i + 1].clone(), d[i : i + 1].clone(), w, 1e-6)
         assert torch.equal(si[0], s[i]) and torch.equal(yi[0], y[i])
@@ -87,9 +110,11 @@ def test_a_sequence_is_the_same_bits_alone_or_packed_with_others(tok, ops):
 def test_other_architectures_keep_transformers_layer(tok, monkeypatch):
     model = tiny_model(tok)
     model.config.hidden_act = "gelu"
-    assert fused_layer.fused_support(model) == (False, "activation 'gelu' is not silu")
-    model.config.hidden_act, model.config.model_type = "silu", "gemma3_text"
-    assert not fused_layer.fused_support(model)[0] and "gemma3_text" in fused_layer.fused_support(model)[1]
+    assert fused_layer.fused_support(model) == (False, "activation 'gelu' is not one of ('silu', 'gelu_pytorch_tanh')")
+    model.config.hidden_act, model.config.model_type = "silu", "gpt_neox"
+    assert not fused_layer.fused_support(model)[0] and "gpt_neox" in fused_layer.fused_support(model)[1]
+    model.config.model_type = "qwen3"  # a Qwen3 layer has q / k norms
+    assert fused_layer.fused_support(model) == (False, "layer 0 is not a qwen3 layer as expected")
     model.config.model_type = "qwen2"
     monkeypatch.setattr(fused_layer._KERNEL, "module", None)
     monkeypatch.setattr(fused_layer._KERNEL, "error", "the decoder layer's small ops could not be built (no compiler)")

@@ -19,8 +19,8 @@ def kernel():
 
 
 # (KV heads, query heads per KV head, head size): Qwen2.5-Coder-1.5B (2, 6, 128), 0.5B (2, 7, 64), the tiny test
-# models (2, 2, 16), and sizes no template covers (one float at a time)
-SHAPES = [(2, 6, 128), (2, 7, 64), (2, 2, 16), (1, 3, 32), (3, 1, 8), (1, 2, 40)]
+# models (2, 2, 16), Gemma 3 270M (1, 4, 256), and sizes no template covers (one float at a time)
+SHAPES = [(2, 6, 128), (2, 7, 64), (2, 2, 16), (1, 3, 32), (1, 4, 256), (3, 1, 8), (1, 2, 40)]
 
 
 def qkv(h, g, d, lk, lq, seed=0):
@@ -50,6 +50,39 @@ def test_a_row_is_the_same_bits_alone_among_other_rows_or_in_any_chunk(kernel, s
         first = kernel.attend(q[:, :, :cut], k[:, : lk - lq + cut], v[:, : lk - lq + cut], 0.3)
         second = kernel.attend(q[:, :, cut:], k, v, 0.3)
         assert torch.equal(torch.cat([first, second]), whole)
+
+
+def masked_reference(q, k, v, scaling, window, softcap):
+    """The whole block as one masked softmax, as transformers' eager attention computes it: scores scaled, capped,
+    then a causal (and sliding-window) mask added."""
+    h, g, lq, d = q.shape
+    lk = k.shape[1]
+    scores = torch.einsum("hgqd,hkd->hgqk", q.double(), k.double()) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    pos_q, pos_k = torch.arange(lk - lq, lk)[:, None], torch.arange(lk)[None, :]
+    visible = (pos_k <= pos_q) & ((pos_k > pos_q - window) if window else True)
+    p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return torch.einsum("hgqk,hkd->qhgd", p, v.double()).reshape(lq, h * g, d).float()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("window,softcap", [(4, 0.0), (1, 0.0), (0, 2.0), (7, 1.5), (100, 0.0)])
+def test_sliding_windows_and_soft_caps(kernel, shape, window, softcap):
+    lk, lq = 40, 9
+    q, k, v = qkv(*shape, lk, lq, seed=2)
+    scaling = shape[2] ** -0.5 * 4  # scores of a few units: the cap bites
+    whole = kernel.attend(q, k, v, scaling, window, softcap)
+    want = masked_reference(q, k, v, scaling, window, softcap)
+    torch.testing.assert_close(whole, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(packed._attend_rows_torch(q, k, v, scaling, window, softcap), want, rtol=1e-4, atol=1e-5)
+    for i in range(lq):  # row i alone, over only the keys of its window: the same bits
+        end = lk - lq + i + 1
+        first = max(0, end - window) if window else 0
+        alone = kernel.attend(q[:, :, i : i + 1], k[:, first:end], v[:, first:end], scaling, 0, softcap)[0]
+        assert torch.equal(alone, whole[i])
+        assert torch.equal(kernel.attend(q[:, :, i : i + 1], k[:, :end], v[:, :end], scaling, window, softcap)[0],
+                           whole[i])
 
 
 def test_strided_queries_and_extreme_scores(kernel):

@@ -1,10 +1,11 @@
 """Which architectures the row-wise attention is exact for.
 
-Row-wise attention attends every cached key with plain causal scaling. Each tiny architecture below runs a
-prompt plus two short verification blocks through ModelRuntime and through stock SDPA over the whole sequence:
-where `row_invariant_support` says yes the logits agree; where it says no, forcing the row-wise kernel would
-give different logits (sliding windows, soft-capping, attention sinks), and the runtime runs stock numerics
-and records why."""
+Row-wise attention attends every cached key with plain causal scaling, or a layer's sliding window with its
+soft-cap where the architecture hands them to the attention function. Each tiny architecture below runs a
+prompt plus two short verification blocks through ModelRuntime and through stock SDPA (eager for soft-capping)
+over the whole sequence: where `row_invariant_support` says yes the logits agree; where it says no, forcing the
+row-wise kernel would give different logits (attention sinks), and the runtime runs stock numerics and records
+why."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ EXACT = {
                                         dict(sliding_window=4, use_sliding_window=False)),
     "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, dict(head_dim=8)),
+    "mistral-sliding-window": (tf.MistralConfig, tf.MistralForCausalLM, dict(sliding_window=4)),
+    "gemma2-softcap": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
+                       dict(head_dim=8, sliding_window=4, attn_implementation="eager")),
 }
 NOT_EXACT = {
-    "mistral-sliding-window": (tf.MistralConfig, tf.MistralForCausalLM, dict(sliding_window=4), "sliding window"),
-    "gemma2-softcap": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
-                       dict(head_dim=8, sliding_window=4, attn_implementation="eager"), "soft-capping"),
     "gpt-oss-sinks": (tf.GptOssConfig, tf.GptOssForCausalLM,
                       dict(head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=4,
                            layer_types=["full_attention", "full_attention"], attn_implementation="eager"), "sinks"),
