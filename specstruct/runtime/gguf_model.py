@@ -1,11 +1,14 @@
-"""A transformers model whose Linear and embedding weights stay in their GGUF block formats.
+"""A transformers model whose Linear and embedding weights stay in their GGUF formats.
 
 The model is transformers' own class, built from the config with its parameters on the meta device (no float32
 copy is ever allocated). Each GGUF tensor is matched to its parameter by gguf-py's tensor name map for the
-architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become runtime.quantized's QuantLinear /
-QuantEmbedding on the file's blocks, everything else (norms, biases, float tensors) is de-quantized and passed
-through the architecture's transformers tensor processor as transformers' GGUF loader does. A processor that
-reorders rows (llama's q/k permutation) is applied to the blocks as the same reordering of output rows.
+architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become runtime.quantized's
+QuantLinear / QuantEmbedding on the file's blocks, F16 / BF16 ones runtime.half_linear's HalfLinear / HalfEmbedding
+on 16-bit panels, everything else (norms, biases) is de-quantized and passed through the architecture's
+transformers tensor processor as transformers' GGUF loader does. A processor that reorders rows (llama's q/k
+permutation) is applied to the blocks as the same reordering of output rows. Nothing is copied whole: blocks
+and 16-bit weights are read from the mapped file a few thousand rows at a time, a float32 Linear weight stays
+a view of the file until the runtime packs it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specstruct.runtime import half_linear
+from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight
 from specstruct.runtime.quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
 
 log = logging.getLogger(__name__)
@@ -39,7 +44,7 @@ def read_tensors(path: Path) -> list[Tensor]:
     GGUFReader decodes every field (a 151k-token vocabulary) and took 16 of a 1.5B model's 36 s load."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: a tensor viewing the file may be written
     at = 0
 
     def take(dtype: str, count: int = 1):
@@ -130,6 +135,19 @@ def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | N
     raise NotImplementedError(f"{type(processor).__name__} changes {name} beyond reordering its rows")
 
 
+def _float32_view(processor, tensor: Tensor, mapping: dict) -> torch.Tensor | None:
+    """A F32 tensor as a view of the mapped file (its rows reordered where the processor reorders them), or None
+    (another type, or a processor that changes more than the row order: it goes through the processor)."""
+    if tensor.kind != "F32" or len(tensor.shape) != 2:
+        return None
+    try:
+        order = _row_order(processor, tensor.name, tensor.shape[0], mapping)
+    except NotImplementedError:
+        return None
+    rows = tensor.data if order is None else tensor.data[order]
+    return torch.from_numpy(rows.view(np.float32).reshape(tensor.shape))
+
+
 def _set(model: torch.nn.Module, dotted: str, value) -> None:
     parent_name, _, attr = dotted.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -164,9 +182,10 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
 
 
 def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Module:
-    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept.
-    A Linear weight in a type the kernel does not compute (Q5_K, Q3_K, IQ*) is widened to float32 with a warning,
-    or refused with `strict`."""
+    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized and 16-bit
+    weights kept. A Linear weight in a type the kernel does not compute (Q5_K, Q3_K, IQ*) is widened to float32
+    with a warning, or refused with `strict`; F16 / BF16 are widened only where the fixed-order kernel cannot be
+    built (SPECSTRUCT_LINEAR=onednn, no compiler)."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -184,6 +203,8 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
     mapping = _gguf_names(model)
     modules = dict(model.named_modules())
     quantized: dict[str, Tensor] = {}
+    halves: dict[str, Tensor] = {}
+    keep_halves = half_linear.available()
     widened: dict[str, int] = {}
     for tensor in tensors:
         hf = mapping.get(tensor.name)
@@ -198,6 +219,13 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
             if tensor.kind in DECODERS:
                 quantized[owner] = tensor
                 continue
+            if tensor.kind in half_linear.DTYPES and keep_halves:
+                halves[owner] = tensor
+                continue
+            view = _float32_view(processor, tensor, mapping) if isinstance(module, torch.nn.Linear) else None
+            if view is not None:  # the runtime packs it from the file (no float copy in between)
+                _set(model, hf, view)
+                continue
             if tensor.kind not in ("F32", "F16", "BF16"):
                 widened[tensor.kind] = widened.get(tensor.kind, 0) + 1
                 if strict:
@@ -207,28 +235,32 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
         _set(model, hf, torch.from_numpy(np.array(weights, dtype=np.float32)))
-    for owner, tensor in quantized.items():
+    for owner, tensor in [*quantized.items(), *halves.items()]:
         module = modules[owner]
         rows, cols = tensor.shape
         data = tensor.data
         order = _row_order(processor, tensor.name, rows, mapping)
         if order is not None:
             data = data[order]
-        weight = from_gguf_blocks(tensor.kind, data, rows, cols)
+        half = tensor.kind in half_linear.DTYPES
+        weight = (HalfWeight.from_gguf if half else from_gguf_blocks)(tensor.kind, data, rows, cols)
         if isinstance(module, torch.nn.Embedding):
-            _set(model, owner, QuantEmbedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
+            embedding = HalfEmbedding if half else QuantEmbedding
+            _set(model, owner, embedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
         else:
             if module.bias is not None and module.bias.device.type == "meta":
                 raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
-            _set(model, owner, QuantLinear(weight, module.bias))
+            _set(model, owner, (HalfLinear if half else QuantLinear)(weight, module.bias))
     if widened:
         log.warning("specstruct: %s: %s weights widened to float32 (the block-quantized kernel computes %s)",
                     path.name, ", ".join(f"{n} {k}" for k, n in widened.items()), ", ".join(DECODERS))
     head = model.get_output_embeddings()
-    if "output.weight" not in names and head is not None and not isinstance(head, QuantLinear):
+    if "output.weight" not in names and head is not None and not isinstance(head, (QuantLinear, HalfLinear)):
         embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
         if isinstance(embedding, QuantEmbedding):
             _set(model, _name_of(model, head), QuantLinear(embedding.qweight))
+        elif isinstance(embedding, HalfEmbedding):
+            _set(model, _name_of(model, head), HalfLinear(embedding.hweight))
         else:
             head.weight = embedding.weight
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
