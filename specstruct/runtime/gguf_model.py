@@ -35,80 +35,39 @@ class Tensor:
     data: np.ndarray    # raw bytes [rows, bytes per row], a view of the mapped file
 
 
-_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-            12: "<f8"}
-
-
 def read_tensors(path: Path) -> list[Tensor]:
-    """The tensors of a GGUF file (v2/v3) as views of the mapped file. The metadata is skipped, not decoded: gguf's
-    GGUFReader decodes every field (a 151k-token vocabulary) and took 16 of a 1.5B model's 36 s load."""
+    """The tensors of a GGUF file (v2/v3) as views of the mapped file (models.gguf_header reads the header without
+    decoding the metadata: gguf's GGUFReader decodes every field, a 151k-token vocabulary, and took 16 of a 1.5B
+    model's 36 s load)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+    from specstruct.models.gguf_header import read_header
+
+    header = read_header(path)
     mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: a tensor viewing the file may be written
-    at = 0
-
-    def take(dtype: str, count: int = 1):
-        nonlocal at
-        size = np.dtype(dtype).itemsize * count
-        out = mm[at : at + size].view(dtype)
-        at += size
-        return out
-
-    def string() -> str:
-        n = int(take("<u8")[0])
-        return bytes(take("u1", n)).decode("utf-8", "replace")
-
-    def skip(kind: int) -> None:
-        nonlocal at
-        if kind == 8:  # a string: its length, then its bytes
-            length = int(take("<u8")[0])
-            at += length
-        elif kind == 9:
-            inner, count = int(take("<u4")[0]), int(take("<u8")[0])
-            if inner in _SCALARS:
-                at += np.dtype(_SCALARS[inner]).itemsize * count
-            else:
-                for _ in range(count):
-                    skip(inner)
-        else:
-            at += np.dtype(_SCALARS[kind]).itemsize
-
-    if bytes(mm[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    at = 4
-    version = int(take("<u4")[0])
-    if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    n_tensors, n_kv = int(take("<u8")[0]), int(take("<u8")[0])
-    alignment = 32
-    for _ in range(n_kv):
-        key, kind = string(), int(take("<u4")[0])
-        if key == "general.alignment" and kind == 4:
-            alignment = int(take("<u4")[0])
-        else:
-            skip(kind)
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = [int(d) for d in take("<u8", int(take("<u4")[0]))]
-        infos.append((name, dims, int(take("<u4")[0]), int(take("<u8")[0])))
-    start = -(-at // alignment) * alignment
     tensors = []
-    for name, dims, kind, offset in infos:
-        qtype = GGMLQuantizationType(kind)
+    for info in header.tensors:
+        qtype = GGMLQuantizationType(info.kind)
         block, size = GGML_QUANT_SIZES[qtype]
+        dims = info.dims
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // block * size
-        data = mm[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
-        tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), data))
+        at = header.data_start + info.offset
+        if at + rows * row_bytes > header.size:
+            raise ValueError(f"{path}: tensor {info.name} ends past the end of the file (a partial download?)")
+        data = mm[at : at + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(Tensor(info.name, qtype.name, tuple(reversed(dims)), data))
     return tensors
 
 
 def gguf_config(path: Path):
-    """The transformers config stored in a GGUF file's metadata."""
+    """The transformers config stored in a GGUF file's metadata (converted once per file, then read from the
+    cache: models.bare_gguf)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    from specstruct.models.loading import metadata_source
+
+    return AutoConfig.from_pretrained(str(metadata_source(path)))
 
 
 def _processor(config):
