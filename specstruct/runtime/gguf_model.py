@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specstruct.runtime import half_linear
+from specstruct.runtime.load_memory import page_out_range
 from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight
 from specstruct.runtime.quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
 
@@ -92,6 +93,12 @@ def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | N
     if out.shape == probe.shape and np.array_equal(np.sort(out[:, 0]), probe[:, 0]):
         return out[:, 0].astype(np.int64)
     raise NotImplementedError(f"{type(processor).__name__} changes {name} beyond reordering its rows")
+
+
+def _release(tensor: Tensor) -> None:
+    """Give back the file pages a converted tensor was read from (the file is read once; its pages would otherwise
+    stay resident beside the converted weights until the mapping closes)."""
+    page_out_range(tensor.data.ctypes.data, tensor.data.nbytes)
 
 
 def _float32_view(processor, tensor: Tensor, mapping: dict) -> torch.Tensor | None:
@@ -194,6 +201,7 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
         _set(model, hf, torch.from_numpy(np.array(weights, dtype=np.float32)))
+        _release(tensor)
     for owner, tensor in [*quantized.items(), *halves.items()]:
         module = modules[owner]
         rows, cols = tensor.shape
@@ -210,6 +218,7 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
             if module.bias is not None and module.bias.device.type == "meta":
                 raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
             _set(model, owner, (HalfLinear if half else QuantLinear)(weight, module.bias))
+        _release(tensor)
     if widened:
         log.warning("specstruct: %s: %s weights widened to float32 (the block-quantized kernel computes %s)",
                     path.name, ", ".join(f"{n} {k}" for k, n in widened.items()), ", ".join(DECODERS))
