@@ -100,10 +100,12 @@ class SpecStruct:
                         engine_config: EngineConfig | dict[str, Any] | None = None,
                         decoding_params: dict[str, Any] | None = None,
                         batch_config: BatchConfig | dict[str, Any] | None = None) -> "SpecStruct":
-        """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file, plus an optional draft
-        model with the same vocabulary. `config` is every call's default SpecConfig, `engine_config` what the engine
-        is built with (weights, device, dtype, draft numerics, KV memory); `decoding_params` is a flat dict of keys
-        of either (over both), `batch_config` the keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue); every key:
+        """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file (a bare one: config,
+        tokenizer and chat template come from its metadata), plus an optional draft model with the same vocabulary
+        (the same forms, or "auto": a pulled registry draft whose vocabulary is the target's, else none). `config`
+        is every call's default SpecConfig, `engine_config` what the engine is built with (weights, device, dtype,
+        draft numerics, KV memory); `decoding_params` is a flat dict of keys of either (over both), `batch_config`
+        the keys of BatchConfig (max_batch_size, timeout_ms, fill_strategy, max_queue); every key:
         docs/settings.md."""
         from specstruct.runtime.gguf_model import load_model
 
@@ -119,6 +121,10 @@ class SpecStruct:
         tables = threading.Thread(target=releasing(_prepare), args=(tokenizer, output_rows(target)), daemon=True)
         tables.start()
         draft = draft or built.draft_model_path
+        if draft == "auto":  # a pulled registry draft with the target's vocabulary, or none
+            from specstruct.models.loading import matching_draft
+
+            draft = matching_draft(tokenizer, target)
         draft_model = draft_tok = None
         try:
             if draft:

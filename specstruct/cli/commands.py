@@ -68,6 +68,8 @@ def _engine(model: str, draft: Optional[str], no_draft: bool, max_new_tokens: Op
             typer.echo(f"note: default draft {draft!r} is not pulled; running without a draft "
                        f"(`specstruct pull {draft}` to enable it)", err=True)
             draft = None
+    elif draft is None and not no_draft:  # any other model: a pulled registry draft with its vocabulary, or none
+        draft = "auto"
     config = ss.SpecConfig(max_new_tokens=max_new_tokens) if max_new_tokens else None
     return ss.SpecStruct.from_pretrained(model, draft=None if no_draft else draft, config=config,
                                          batch_config=batch_config)
@@ -103,7 +105,7 @@ def _emit(engine: Any, prompt: Any, output_type: Any, stream: bool, stats: bool,
 # ---------------------------------------------------------------- commands
 
 _MODEL = typer.Option("qwen2.5-coder-1.5b", "--model", "-m", help="Registry name, local folder, .gguf file or hub id.")
-_DRAFT = typer.Option(None, "--draft", "-d", help="Draft model (same forms). Default: the registry's paired draft.")
+_DRAFT = typer.Option(None, "--draft", "-d", help="Draft model (same forms). Default: the registry's paired draft; for any other model a pulled registry draft with its vocabulary ('auto'), if any.")
 _NO_DRAFT = typer.Option(False, "--no-draft", help="Speculate without a draft model (forced text, prompt lookup and structure guesses only).")
 _STATS = typer.Option(False, "--stats", help="Print decoding stats (acceptance per drafter, k histogram) to stderr.")
 _MAX = typer.Option(None, "--max-new-tokens", "-n", min=1, help="Token budget (default 512). Structured output "

@@ -20,6 +20,7 @@ from specstruct.runtime.kv.memory import KVBudget, build as build_kv_tiers, clos
 from specstruct.runtime.kv.prefix_cache import PrefixCache
 from specstruct.runtime.kv.store import KVStore
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
+from specstruct.runtime.half_linear import is_half
 from specstruct.runtime.quantized import is_quantized
 from specstruct.spec.interfaces import Runtime
 from specstruct.spec.speculator import Speculator
@@ -60,7 +61,7 @@ def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], 
     draft_rt = None
     if draft_model is not None:
         if engine_config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
-                and not is_quantized(draft_model):  # a quantized draft computes as it ships
+                and not is_quantized(draft_model) and not is_half(draft_model):  # a GGUF draft computes as it ships
             draft_model = quantize_draft(draft_model)
         draft_rt = ModelRuntime(draft_model)
     prefix_cache, kv_store = build_kv_tiers(engine_config.prefix_cache_bytes, engine_config.kv_memory, device)

@@ -51,10 +51,22 @@ def gguf_file(source: Path | str) -> Path | None:
     return None
 
 
+def metadata_source(source: Path | str) -> Path | str:
+    """Where a resolved source's config and tokenizer are read from: a bare .gguf file's converted metadata
+    (bare_gguf.metadata_folder: cached per file), else the source itself (a folder, a hub id)."""
+    if isinstance(source, Path) and source.is_file() and source.suffix == ".gguf":
+        from specstruct.models.bare_gguf import metadata_folder
+
+        return metadata_folder(source)
+    return source
+
+
 def _open_kwargs(source: Path | str, tokenizer: bool = False) -> tuple[str, dict[str, Any]]:
     path = gguf_file(source)
     if path is None or (path.parent == source and (tokenizer or (path.parent / "model.safetensors").is_file())):
         return str(source), {}  # a pulled folder keeps its own tokenizer (and float32 weights, if pulled before)
+    if tokenizer:  # a bare .gguf file: its tokenizer as converted once from its metadata
+        return str(metadata_source(source)), {}
     return str(path.parent), {"gguf_file": path.name}
 
 
@@ -71,12 +83,14 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None):
     """Load `(model, tokenizer)` in eval mode (dtype default float32). Accepts every form `resolve` does."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if dtype is None else dtype
     source = resolve(name_or_path)
     where, kw = _open_kwargs(source)
     tok_where, tok_kw = _open_kwargs(source, tokenizer=True)
+    if "gguf_file" in kw and metadata_source(source) != source:  # a bare file: its config as converted once
+        kw["config"] = AutoConfig.from_pretrained(str(metadata_source(source)))
     with _offline_errors(name_or_path, source):
         tokenizer = AutoTokenizer.from_pretrained(tok_where, **tok_kw)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
@@ -139,20 +153,47 @@ def check_same_vocab(target_tokenizer, draft_tokenizer, target_model=None, draft
 def matched_draft(target_tokenizer, draft_tokenizer, target_model, draft_model):
     """`draft_model` once check_same_vocab passes, with its output rows made the target's when the two differ only
     in padding rows past the tokenizer (Qwen2.5-7B has 152,064 rows, 0.5B 151,936; the tokenizer 151,665 tokens):
-    a resized copy. No constraint ever allows a padding id, so those rows never matter, whatever they hold."""
+    a resized copy of a float draft, or (a draft whose weights stay as the file ships them: no float rows to copy)
+    its LM head wrapped in place to give the target's number of logits. No constraint ever allows a padding id, so
+    those rows never matter, whatever they hold."""
     check_same_vocab(target_tokenizer, draft_tokenizer, target_model, draft_model)
     rows = output_rows(target_model)
     if output_rows(draft_model) == rows:
         return draft_model
+    if not hasattr(draft_model.get_input_embeddings(), "weight"):  # GGUF blocks or 16-bit panels
+        from specstruct.models.padded_head import PaddedHead
+
+        draft_model.set_output_embeddings(PaddedHead(draft_model.get_output_embeddings(), rows))
+        return draft_model
     import copy
 
-    if not hasattr(draft_model.get_input_embeddings(), "weight"):  # GGUF blocks: no float rows to pad
-        raise IncompatibleDraftError(
-            f"the draft outputs {output_rows(draft_model)} logits per token, the target {rows}; padding a quantized "
-            "draft's rows is not supported. Fix: load the draft with weights='float32', or a draft of the same size")
     resized = copy.deepcopy(draft_model)
     resized.resize_token_embeddings(rows, mean_resizing=False)
     return resized
+
+
+def matching_draft(target_tokenizer, target_model) -> str | None:
+    """The registry draft for a target of any source, chosen by vocabulary: a pulled registry draft whose
+    tokenizer is the target's, whose logits are as many as the target's, and whose file is under 60% of the
+    target's weights (else it would not be cheaper); None where there is none (forced text, prompt lookup and
+    structure guesses still speculate)."""
+    import json
+
+    from specstruct.models.registry import REGISTRY, is_pulled, model_dir
+
+    weights = sum(t.numel() * t.element_size() for t in (*target_model.parameters(), *target_model.buffers()))
+    rows = output_rows(target_model)
+    vocab = target_tokenizer.get_vocab()
+    for name, spec in REGISTRY.items():
+        if spec.role != "draft" or not is_pulled(name) or spec.size > 0.6 * weights:
+            continue
+        try:
+            draft_rows = json.loads((model_dir(name) / "config.json").read_text()).get("vocab_size")
+        except (OSError, ValueError):
+            continue
+        if draft_rows == rows and load_tokenizer(name).get_vocab() == vocab:
+            return name
+    return None
 
 
 def output_rows(model) -> int:

@@ -12,7 +12,9 @@ SPECSTRUCT_LINEAR=onednn, the runtime uses oneDNN instead (`kernel()` says why);
 kernel in use. A model's Linear weights are packed once into the kernel's panels ([P, K, NB]: NB output
 columns per panel, zero-padded), replacing the plain ones (`PanelWeight`, which keeps the plain shape and
 everything linear.PackedWeight provides: deepcopy, state_dict, load_state_dict, restore_stock). The same
-kernel on int8 panels runs the draft model (draft_int8.py).
+kernel on int8 panels runs the draft model (draft_int8.py), and on float16 / bfloat16 panels a GGUF file's F16 /
+BF16 weights as they ship (half_linear.py): each weight widened exactly as it is loaded, so the result is the
+float32 kernel's on the widened weights, bit for bit, at half the bytes.
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def running(ext):
         _RUNNING = before
 
 
+def kernel_for(march: str):
+    """This kernel's source built for another instruction set (`-march`, e.g. "x86-64-v3": AVX2 without AVX-512;
+    "x86-64": the portable path), to compare its bits with this CPU's build; raises where it cannot be built."""
+    variant = _VARIANTS.setdefault(march, native.Kernel(_KERNEL.stem, _KERNEL.source, f"{_KERNEL.what} ({march})",
+                                                        "", march=march))
+    ext = variant.load()
+    if ext is None:
+        raise RuntimeError(variant.error)
+    return ext
+
+
+_VARIANTS: dict[str, native.Kernel] = {}
+
+
 def why_not() -> str | None:
     """Why `kernel()` is None: the environment asked for oneDNN, or the build failed."""
     if requested_kernel() == "onednn":
@@ -97,7 +113,7 @@ class PanelWeight(PackedWeight):
 
     @staticmethod
     def pack(weight: torch.Tensor) -> "PanelWeight":
-        out = PanelWeight(pack_weight(weight), requires_grad=False)
+        out = PanelWeight(pack_weight(weight.to(torch.float32)), requires_grad=False)
         out.out_features = weight.shape[0]
         return out
 
@@ -124,18 +140,27 @@ class PanelWeight(PackedWeight):
         return self
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [P, K, NB] panels (columns past N are zeros) on huge pages where the OS gives them: float32, or
-    int8 for an int8 weight."""
-    nb = built().panel_width
+KEPT = (torch.float32, torch.int8, torch.float16, torch.bfloat16)  # what the kernel reads as it is
+_CHUNK_PANELS = 64  # panels filled at a time: a conversion of a big weight never holds a whole float copy
+
+
+def pack_weight(weight: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """[N, K] -> [P, K, NB] panels (columns past N are zeros) on huge pages where the OS gives them, in the
+    weight's own dtype where the kernel reads it (float32, int8, float16, bfloat16), else float32. Filled a few
+    panels at a time from `weight` (which may be a view of a mapped file). `width`: NB, default this build's."""
+    nb = width or built().panel_width
     w = weight.detach()
-    w = w if w.dtype == torch.int8 else w.to(torch.float32)
+    dtype = w.dtype if w.dtype in KEPT else torch.float32
     n, k = w.shape
     panels = -(-n // nb)
-    if panels * nb != n:
-        w = torch.cat([w, w.new_zeros(panels * nb - n, k)])
-    out = empty_on_huge_pages((panels, k, nb), w.dtype)
-    return out.copy_(w.reshape(panels, nb, k).transpose(1, 2))
+    out = empty_on_huge_pages((panels, k, nb), dtype)
+    for p0 in range(0, panels, _CHUNK_PANELS):
+        p1 = min(panels, p0 + _CHUNK_PANELS)
+        rows = w[p0 * nb : p1 * nb].to(dtype)
+        if rows.shape[0] != (p1 - p0) * nb:  # the last panel's missing columns
+            rows = torch.cat([rows, rows.new_zeros((p1 - p0) * nb - rows.shape[0], k)])
+        out[p0:p1].copy_(rows.reshape(p1 - p0, nb, k).transpose(1, 2))
+    return out
 
 
 def fixed_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,14 @@
-"""A transformers model whose Linear and embedding weights stay in their GGUF block formats.
+"""A transformers model whose Linear and embedding weights stay in their GGUF formats.
 
 The model is transformers' own class, built from the config with its parameters on the meta device (no float32
 copy is ever allocated). Each GGUF tensor is matched to its parameter by gguf-py's tensor name map for the
-architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become runtime.quantized's QuantLinear /
-QuantEmbedding on the file's blocks, everything else (norms, biases, float tensors) is de-quantized and passed
-through the architecture's transformers tensor processor as transformers' GGUF loader does. A processor that
-reorders rows (llama's q/k permutation) is applied to the blocks as the same reordering of output rows.
+architecture (as transformers' GGUF loader does); quantized Linear and embedding weights become runtime.quantized's
+QuantLinear / QuantEmbedding on the file's blocks, F16 / BF16 ones runtime.half_linear's HalfLinear / HalfEmbedding
+on 16-bit panels, everything else (norms, biases) is de-quantized and passed through the architecture's
+transformers tensor processor as transformers' GGUF loader does. A processor that reorders rows (llama's q/k
+permutation) is applied to the blocks as the same reordering of output rows. Nothing is copied whole: blocks
+and 16-bit weights are read from the mapped file a few thousand rows at a time, a float32 Linear weight stays
+a view of the file until the runtime packs it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specstruct.runtime import half_linear
+from specstruct.runtime.load_memory import page_out_range
+from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight
 from specstruct.runtime.quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
 
 log = logging.getLogger(__name__)
@@ -30,80 +36,39 @@ class Tensor:
     data: np.ndarray    # raw bytes [rows, bytes per row], a view of the mapped file
 
 
-_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-            12: "<f8"}
-
-
 def read_tensors(path: Path) -> list[Tensor]:
-    """The tensors of a GGUF file (v2/v3) as views of the mapped file. The metadata is skipped, not decoded: gguf's
-    GGUFReader decodes every field (a 151k-token vocabulary) and took 16 of a 1.5B model's 36 s load."""
+    """The tensors of a GGUF file (v2/v3) as views of the mapped file (models.gguf_header reads the header without
+    decoding the metadata: gguf's GGUFReader decodes every field, a 151k-token vocabulary, and took 16 of a 1.5B
+    model's 36 s load)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    at = 0
+    from specstruct.models.gguf_header import read_header
 
-    def take(dtype: str, count: int = 1):
-        nonlocal at
-        size = np.dtype(dtype).itemsize * count
-        out = mm[at : at + size].view(dtype)
-        at += size
-        return out
-
-    def string() -> str:
-        n = int(take("<u8")[0])
-        return bytes(take("u1", n)).decode("utf-8", "replace")
-
-    def skip(kind: int) -> None:
-        nonlocal at
-        if kind == 8:  # a string: its length, then its bytes
-            length = int(take("<u8")[0])
-            at += length
-        elif kind == 9:
-            inner, count = int(take("<u4")[0]), int(take("<u8")[0])
-            if inner in _SCALARS:
-                at += np.dtype(_SCALARS[inner]).itemsize * count
-            else:
-                for _ in range(count):
-                    skip(inner)
-        else:
-            at += np.dtype(_SCALARS[kind]).itemsize
-
-    if bytes(mm[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    at = 4
-    version = int(take("<u4")[0])
-    if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    n_tensors, n_kv = int(take("<u8")[0]), int(take("<u8")[0])
-    alignment = 32
-    for _ in range(n_kv):
-        key, kind = string(), int(take("<u4")[0])
-        if key == "general.alignment" and kind == 4:
-            alignment = int(take("<u4")[0])
-        else:
-            skip(kind)
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = [int(d) for d in take("<u8", int(take("<u4")[0]))]
-        infos.append((name, dims, int(take("<u4")[0]), int(take("<u8")[0])))
-    start = -(-at // alignment) * alignment
+    header = read_header(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: a tensor viewing the file may be written
     tensors = []
-    for name, dims, kind, offset in infos:
-        qtype = GGMLQuantizationType(kind)
+    for info in header.tensors:
+        qtype = GGMLQuantizationType(info.kind)
         block, size = GGML_QUANT_SIZES[qtype]
+        dims = info.dims
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // block * size
-        data = mm[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
-        tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), data))
+        at = header.data_start + info.offset
+        if at + rows * row_bytes > header.size:
+            raise ValueError(f"{path}: tensor {info.name} ends past the end of the file (a partial download?)")
+        data = mm[at : at + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(Tensor(info.name, qtype.name, tuple(reversed(dims)), data))
     return tensors
 
 
 def gguf_config(path: Path):
-    """The transformers config stored in a GGUF file's metadata."""
+    """The transformers config stored in a GGUF file's metadata (converted once per file, then read from the
+    cache: models.bare_gguf)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    from specstruct.models.loading import metadata_source
+
+    return AutoConfig.from_pretrained(str(metadata_source(path)))
 
 
 def _processor(config):
@@ -128,6 +93,25 @@ def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | N
     if out.shape == probe.shape and np.array_equal(np.sort(out[:, 0]), probe[:, 0]):
         return out[:, 0].astype(np.int64)
     raise NotImplementedError(f"{type(processor).__name__} changes {name} beyond reordering its rows")
+
+
+def _release(tensor: Tensor) -> None:
+    """Give back the file pages a converted tensor was read from (the file is read once; its pages would otherwise
+    stay resident beside the converted weights until the mapping closes)."""
+    page_out_range(tensor.data.ctypes.data, tensor.data.nbytes)
+
+
+def _float32_view(processor, tensor: Tensor, mapping: dict) -> torch.Tensor | None:
+    """A F32 tensor as a view of the mapped file (its rows reordered where the processor reorders them), or None
+    (another type, or a processor that changes more than the row order: it goes through the processor)."""
+    if tensor.kind != "F32" or len(tensor.shape) != 2:
+        return None
+    try:
+        order = _row_order(processor, tensor.name, tensor.shape[0], mapping)
+    except NotImplementedError:
+        return None
+    rows = tensor.data if order is None else tensor.data[order]
+    return torch.from_numpy(rows.view(np.float32).reshape(tensor.shape))
 
 
 def _set(model: torch.nn.Module, dotted: str, value) -> None:
@@ -163,10 +147,11 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
     return mapping
 
 
-def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Module:
-    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized weights kept.
-    A Linear weight in a quantized type the kernel does not compute (IQ1-IQ3, TQ: below 3 bits) is refused by name
-    (weights='float32' widens it, through transformers' loader)."""
+def load_quantized(path: Path, config=None) -> torch.nn.Module:
+    """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized and 16-bit
+    weights kept. A Linear weight in a quantized type the kernel does not compute (IQ1-IQ3, TQ: below 3 bits) is
+    refused by name (weights='float32' widens it, through transformers' loader); F16 / BF16 are widened only where
+    the fixed-order kernel cannot be built (SPECSTRUCT_LINEAR=onednn, no compiler)."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -184,6 +169,8 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
     mapping = _gguf_names(model)
     modules = dict(model.named_modules())
     quantized: dict[str, Tensor] = {}
+    halves: dict[str, Tensor] = {}
+    keep_halves = half_linear.available()
     for tensor in tensors:
         hf = mapping.get(tensor.name)
         if hf is None:
@@ -197,6 +184,13 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
             if tensor.kind in DECODERS:
                 quantized[owner] = tensor
                 continue
+            if tensor.kind in half_linear.DTYPES and keep_halves:
+                halves[owner] = tensor
+                continue
+            view = _float32_view(processor, tensor, mapping) if isinstance(module, torch.nn.Linear) else None
+            if view is not None:  # the runtime packs it from the file (no float copy in between)
+                _set(model, hf, view)
+                continue
             if tensor.kind not in ("F32", "F16", "BF16"):
                 raise ValueError(f"{path.name}: tensor {tensor.name} is {tensor.kind}, a format the block-quantized "
                                  f"kernel does not compute (it computes {', '.join(DECODERS)}). Fix: re-quantize the "
@@ -206,25 +200,31 @@ def load_quantized(path: Path, config=None, strict: bool = False) -> torch.nn.Mo
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
                                     parsed_parameters={"config": processor.config, "tensors": {}}).weights
         _set(model, hf, torch.from_numpy(np.array(weights, dtype=np.float32)))
-    for owner, tensor in quantized.items():
+        _release(tensor)
+    for owner, tensor in [*quantized.items(), *halves.items()]:
         module = modules[owner]
         rows, cols = tensor.shape
         data = tensor.data
         order = _row_order(processor, tensor.name, rows, mapping)
         if order is not None:
             data = data[order]
-        weight = from_gguf_blocks(tensor.kind, data, rows, cols)
+        half = tensor.kind in half_linear.DTYPES
+        weight = (HalfWeight.from_gguf if half else from_gguf_blocks)(tensor.kind, data, rows, cols)
         if isinstance(module, torch.nn.Embedding):
-            _set(model, owner, QuantEmbedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
+            embedding = HalfEmbedding if half else QuantEmbedding
+            _set(model, owner, embedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
         else:
             if module.bias is not None and module.bias.device.type == "meta":
                 raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
-            _set(model, owner, QuantLinear(weight, module.bias))
+            _set(model, owner, (HalfLinear if half else QuantLinear)(weight, module.bias))
+        _release(tensor)
     head = model.get_output_embeddings()
-    if "output.weight" not in names and head is not None and not isinstance(head, QuantLinear):
+    if "output.weight" not in names and head is not None and not isinstance(head, (QuantLinear, HalfLinear)):
         embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
         if isinstance(embedding, QuantEmbedding):
             _set(model, _name_of(model, head), QuantLinear(embedding.qweight))
+        elif isinstance(embedding, HalfEmbedding):
+            _set(model, _name_of(model, head), HalfLinear(embedding.hweight))
         else:
             head.weight = embedding.weight
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -279,7 +279,7 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
 
             config = AutoConfig.from_pretrained(str(source))
         tokenizer = load_tokenizer(name_or_path)
-        return load_quantized(path, config, strict=weights == "gguf"), tokenizer
+        return load_quantized(path, config), tokenizer
     if weights == "gguf":
         raise ModelNotFoundError(f"weights='gguf' needs a GGUF file on the CPU; {name_or_path!r} has none"
                                  + ("" if str(device) == "cpu" else f" (device {device})")

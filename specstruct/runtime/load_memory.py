@@ -12,6 +12,9 @@ and read again from the file if touched, nothing is lost): pack_linears calls it
 replaced, so packing never holds both copies of every weight (the peak while loading the 1.5B target was its file
 pages plus its packed copy).
 
+`page_out_range` does the same for a range of a mapped GGUF file once its tensor is converted
+(gguf_model.load_quantized), so loading never holds the whole file's pages beside the converted weights.
+
 `trim_heap` hands freed heap back to the system; SpecStruct calls it once the models are loaded. Loading frees
 float32 copies (the draft's, once it is int8) in pieces small enough that glibc keeps them.
 
@@ -64,19 +67,24 @@ def in_file(t: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
     return any(a <= ptr < b for a, b in ranges)
 
 
-def page_out(t: torch.Tensor, ranges: list[tuple[int, int]] | None = None) -> int:
-    """Ask the kernel to reclaim the whole pages of `t`'s storage when they belong to a file mapping (`ranges`:
-    file_ranges(), read once by a caller doing many tensors). Best effort; returns the bytes advised (0: none)."""
+def page_out_range(ptr: int, size: int) -> int:
+    """Ask the kernel to reclaim the whole pages of [ptr, ptr + size) of a file mapping (MADV_PAGEOUT: clean pages
+    are dropped and read again from the file if touched). Best effort; returns the bytes advised (0: none)."""
     libc = _libc()
-    if libc is None or not in_file(t, file_ranges() if ranges is None else ranges):
-        return 0
-    storage = t.untyped_storage()
-    ptr, size = storage.data_ptr(), storage.nbytes()
-    start, end = -(-ptr // _PAGE) * _PAGE, (ptr + size) // _PAGE * _PAGE  # only pages wholly inside the tensor
-    if end <= start:
+    start, end = -(-ptr // _PAGE) * _PAGE, (ptr + size) // _PAGE * _PAGE
+    if libc is None or end <= start:
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return end - start if libc.madvise(start, end - start, _MADV_PAGEOUT) == 0 else 0
+
+
+def page_out(t: torch.Tensor, ranges: list[tuple[int, int]] | None = None) -> int:
+    """Ask the kernel to reclaim the whole pages of `t`'s storage when they belong to a file mapping (`ranges`:
+    file_ranges(), read once by a caller doing many tensors). Best effort; returns the bytes advised (0: none)."""
+    if not in_file(t, file_ranges() if ranges is None else ranges):
+        return 0
+    storage = t.untyped_storage()
+    return page_out_range(storage.data_ptr(), storage.nbytes())  # only pages wholly inside the tensor
 
 
 _HUGE = 2 << 20

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from specstruct.models.loading import output_rows
-from specstruct.runtime import architectures, fixed_linear, quantized
+from specstruct.runtime import architectures, fixed_linear, half_linear, quantized
 from specstruct.runtime.fused_layer import fuse, unfuse
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
@@ -88,12 +88,17 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     if getattr(model, "_specstruct_numerics", None):
         return model._specstruct_numerics
     blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
+    halves = half_linear.describe(model)  # and 16-bit weights on the fixed-order kernel
+    kernels = [f"block-quantized linear, {quantized.simd()}"] if blocks else []
+    if halves:
+        kernels.append(f"16-bit linear, fixed-order kernel, {fixed_linear.built().simd}")
+    formats = " + ".join(d for d in (blocks, halves) if d)
     supported, reason = row_invariant_support(model)
     if not row_invariant_available(model) or not supported:
         p = next(model.parameters())
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
-        if blocks:  # the attention is the model's own
-            desc = f"{blocks} weights (block-quantized linear, {quantized.simd()}); {desc}"
+        if formats:  # the attention is the model's own
+            desc = f"{formats} weights ({'; '.join(kernels)}); {desc}"
         model._specstruct_numerics = desc
         return desc
     fixed = fixed_linear.kernel() is not None
@@ -108,10 +113,14 @@ def make_row_invariant(model: torch.nn.Module) -> str:
     if fuse(model):
         attention += ", fused decoder layers"
     linear = "fixed-order linear" if fixed else f"oneDNN linear >=2 rows ({fixed_linear.why_not()})"
-    if blocks:  # weights as they ship: the block-quantized kernel, int8 activations per group
+    if formats:  # weights as they ship: blocks with int8 activations per group, 16-bit with float32 activations
+        if blocks:
+            kernels[0] += ", int8 activations per group"
+        if halves:
+            kernels[-1] += ", float32 activations"
         others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
-        model._specstruct_numerics = (f"{blocks} weights, row-invariant (block-quantized linear, {quantized.simd()}, "
-                                      f"int8 activations per group{others}; row-wise attention in {attention})")
+        model._specstruct_numerics = (f"{formats} weights, row-invariant ({'; '.join(kernels)}{others}; row-wise "
+                                      f"attention in {attention})")
         return model._specstruct_numerics
     model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
     return model._specstruct_numerics

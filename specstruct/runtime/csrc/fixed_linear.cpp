@@ -7,6 +7,11 @@
 // threads or the CPU's vector width, so a row computed alone is bitwise the same row computed among any
 // others (what speculative verification and batching need), with no padding row.
 //
+// The weights may be float32, or 16-bit as a GGUF file ships them (fp16, bf16: each value widened to float32 as
+// it is loaded into a register, exactly -- fp16 by F16C's conversion, bf16 by a 16-bit shift -- so the products
+// and their order are the float32 kernel's on the widened weights, bit for bit, at half the bytes streamed), or
+// int8 with a scale per output (drafts).
+//
 // Speed: the rows of a call are taken MB at a time against one panel (each weight value loaded once per MB
 // rows, MB x 4 accumulators held in registers, the panel prefetched 16 rows ahead into L2), so one row streams
 // the weights like a GEMV and 2-9 rows cost little more; the rows of a long call (a prefill) go through the
@@ -32,6 +37,14 @@ static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec vload(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+static inline vec vload(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline vec vload(const at::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+constexpr const char* SIMD = "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 typedef __m256 vec;
@@ -45,6 +58,20 @@ static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec vload(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+static inline vec vload(const at::Half* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float wide[VW];
+  for (int i = 0; i < VW; ++i) wide[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(wide);
+#endif
+}
+static inline vec vload(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+constexpr const char* SIMD = "avx2";
 #else  // portable, slow: one float per "vector", the same fused multiply-adds in the same order
 typedef float vec;
 constexpr int VW = 1;
@@ -55,6 +82,9 @@ static inline vec vset1(float a) { return a; }
 static inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
 static inline void vstore(float* p, vec a) { *p = a; }
 static inline vec vload(const int8_t* p) { return static_cast<float>(*p); }
+static inline vec vload(const at::Half* p) { return static_cast<float>(*p); }      // exact, as the vector paths
+static inline vec vload(const at::BFloat16* p) { return static_cast<float>(*p); }
+constexpr const char* SIMD = "scalar";
 #endif
 constexpr int NV = 4;             // vectors per panel
 constexpr int NB = NV * VW;       // output columns per panel
@@ -173,10 +203,16 @@ static torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& packed,
   return y;
 }
 
+// float32, float16 or bfloat16 panels: the same sums in the same order, each weight widened exactly.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
                      const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed weight: float32");
-  torch::Tensor y = run<float>(x, packed, N);
+  torch::Tensor y;
+  switch (packed.scalar_type()) {
+    case at::kFloat: y = run<float>(x, packed, N); break;
+    case at::kHalf: y = run<at::Half>(x, packed, N); break;
+    case at::kBFloat16: y = run<at::BFloat16>(x, packed, N); break;
+    default: TORCH_CHECK(false, "packed weight: float32, float16 or bfloat16, not ", packed.scalar_type());
+  }
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
@@ -193,9 +229,11 @@ torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, i
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL, as torch's own ops: other Python threads (a server's event loop) run while a layer computes.
-  m.def("linear", &linear, "y = x W^T (+ b) on a packed weight, each row's result independent of the others",
+  m.def("linear", &linear, "y = x W^T (+ b) on a packed float32/float16/bfloat16 weight, each row's result "
+        "independent of the others",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_int8", &linear_int8, "y = (x Q^T) * scale (+ b) on packed int8 weights (drafts)",
         py::call_guard<py::gil_scoped_release>());
   m.attr("panel_width") = NB;
+  m.attr("simd") = SIMD;
 }

@@ -206,7 +206,7 @@ def test_default_draft_follows_the_registry(monkeypatch):
     monkeypatch.setattr(models, "is_pulled", lambda name: False)
     result = invoke("generate", "p", "--choice", "a,b")
     assert calls == [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"), ("qwen2.5-coder-1.5b", None),
-                     ("some/hub-id", None), ("qwen2.5-coder-1.5b", None)]
+                     ("some/hub-id", "auto"), ("qwen2.5-coder-1.5b", None)]
     assert "not pulled" in result.stderr and result.exit_code == cli.EXIT_MODEL_MISSING
 
 
