@@ -55,7 +55,8 @@ def _plain_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class SpecStructAgent:
-    """One specstruct side: `turn(messages)` is one `engine.run(messages, tools=TOOLS)`, the prefix cache on."""
+    """One specstruct side: `turn(messages)` is one `engine.run(messages, tools=TOOLS)`, the prefix cache on, salted
+    with the side's name: two sides on one engine never serve each other's prompts (each reuses only its own turns)."""
 
     def __init__(self, name: str, engine: Any, speculative: bool, settings: Settings):
         self.name, self.engine, self.settings = name, engine, settings
@@ -71,7 +72,7 @@ class SpecStructAgent:
         start = time.perf_counter()
         try:
             res = self.engine.run(messages, tools=TOOLS, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                  top_p=s.top_p, seed=s.seed, config=self.config)
+                                  top_p=s.top_p, seed=s.seed, cache_salt=self.name, config=self.config)
             seconds = time.perf_counter() - start
             reply, stats, ids, finish = res.value, res.stats, list(res.token_ids), res.finish_reason
             content, calls = reply.content, list(reply.tool_calls)

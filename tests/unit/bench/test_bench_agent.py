@@ -74,9 +74,12 @@ def test_the_loop_feeds_tool_results_back_and_later_turns_repeat_the_earlier_one
 def test_the_prefix_cache_serves_the_system_prompt_and_tools_every_episode_repeats(tok, target):
     import specstruct as ss
 
-    res = run_agent(ss.SpecStruct(target, tok), limit=2, settings=Settings(max_new_tokens=4))  # cut or answered: one turn each
+    engine = ss.SpecStruct(target, tok)
+    res = run_agent(engine, limit=2, baselines=["specstruct"], settings=Settings(max_new_tokens=4))  # one turn each
     first, second = (t["sides"][SPEC] for t in res["turns"])
     assert first["cached_prompt_tokens"] == 0 and second["cached_prompt_tokens"] > second["prompt_tokens"] // 2
+    # the target-only side answers the same first turn after specstruct, from its own (salted) cache: cold
+    assert res["turns"][0]["sides"][TARGET_ONLY]["cached_prompt_tokens"] == 0
 
 
 def test_a_reply_without_calls_ends_the_episode_and_the_report_totals_the_sides():
