@@ -110,6 +110,11 @@ def main() -> None:
 
     ext = probe()
     print(f"CPU: {_cpu_name()}; {os.cpu_count()} logical CPUs, {threads} threads (torch.get_num_threads())")
+    load = os.getloadavg()[0]
+    if load > (os.cpu_count() or 1) * 0.75:
+        print(f"WARNING: load average {load:.1f} on {os.cpu_count()} CPUs: other work shares them, so a thread of an "
+              "all-thread run waits for a CPU; the peak and the kernel's times are low and noisy (a share above "
+              "100% is that noise). Measure on an idle machine.")
     print(f"int8 features listed: {', '.join(cpu_features()) or 'none'}; probe paths built: {', '.join(ext.isas())}")
     rates = {isa: peak(ext, isa, threads, args.seconds) for isa in ext.isas()}
     for isa, (all_threads, one) in rates.items():
