@@ -15,4 +15,5 @@ root, e.g. `python -m benchmarks.step_cost --help`:
     draft_counts     how many candidates each proposer offered and had accepted
     ablation         the policy and proposers switched off one at a time
     lookup_trace     what prompt lookup's matches are worth, and how many passes the sparse LM head serves
+    int8_peak        this CPU's int8 multiply-add peak (vpdpbusd on all threads) and the block-quantized kernel's share
 """

@@ -3,6 +3,8 @@
     specstruct bench --quick                       # quick look: spec vs target-only, 3 prompts each
     specstruct bench --scenario json --limit 10 --out results.json --plot bench.png
     specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png   # concurrent requests (batch_scenario.py)
+    specstruct bench --scenario document --limit 3   # typed extraction from 1,000-3,000-token documents (documents.py)
+    specstruct bench --scenario agent --limit 3      # a multi-turn tool-calling loop, turn by turn (agent.py)
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import typer
 
 from specstruct.bench.report import publish
 from specstruct.bench.runner import ALL_BASELINES, DEFAULT_BASELINES, QUICK_LIMIT, run_benchmark
-from specstruct.bench.workloads import SCENARIOS, extraction_workloads
+from specstruct.bench.workloads import DOCUMENT, SCENARIOS, extraction_workloads
 
 app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark specstruct against target-only decoding, outlines and transformers generate on "
@@ -24,6 +26,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode="rich", context_setting
                   "  specstruct bench --scenario json --limit 8 --baselines specstruct,outlines,hf-assisted "
                   "--out json.json --plot bench.png\n\n"
                   "  specstruct bench --scenario batch --concurrency 1,2,4,8 --plot batch.png\n\n"
+                  "  specstruct bench --scenario document --limit 3 --baselines specstruct,llama.cpp\n\n"
+                  "  specstruct bench --scenario agent --limit 3 --baselines specstruct,llama.cpp\n\n"
                   "  specstruct bench serve --concurrency 1,4,8 --requests 16")
 
 DEFAULT_MODEL, DEFAULT_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -88,14 +92,17 @@ def _progress_display() -> tuple[Any, Any]:
 
 @app.callback(invoke_without_command=True)
 def main(
-    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | pipeline | batch (concurrent "
-                                 "extraction requests through the scheduler; not part of all)"),
+    scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | document (typed extraction "
+                                 "from 1,000-3,000-token documents) | agent (a multi-turn tool-calling loop) | "
+                                 "pipeline | batch (concurrent extraction requests through the scheduler); the last "
+                                 "four are not part of all"),
     concurrency: Optional[str] = typer.Option(None, "--concurrency", help="--scenario batch: requests arriving at "
                                               "once, comma-separated levels (default 1,2,4,8)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1,
                                         help="prompts per scenario (default: JSON 20 = 10 extraction + 10 "
                                              "JSONSchemaBench; code, prose 5; 3 with --quick)"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+                                                 help="default 128; --scenario document 512, agent 256"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, "--seed"),
@@ -132,6 +139,7 @@ def main(
     from specstruct.bench.report import write_json
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a wide table stays readable in logs
+    max_new_tokens = max_new_tokens or {DOCUMENT: 512, "agent": 256}.get(scenario, 128)
     if from_results:
         import json
         from pathlib import Path
@@ -179,10 +187,27 @@ def main(
                  None if quiet else lambda done, total, what: console.log(f"{done}/{total} {what}"),
                  others=not quick, llama=llama)  # --quick: in sequence only (no batched run, no outlines)
         return
+    if scenario == "agent":  # a multi-turn tool-calling loop, turn by turn on every side (agent.py)
+        from specstruct.bench.agent import main as agent
+
+        if plot_path:
+            raise typer.BadParameter("--scenario agent has no plot; leave out --plot", param_hint="--plot")
+        chosen = [b.strip() for b in (baselines or "").split(",") if b.strip()]
+        if set(chosen) - {"specstruct", "llama.cpp"}:
+            raise typer.BadParameter(f"--scenario agent compares specstruct with its target alone ('specstruct') and "
+                                     f"llama.cpp; not {sorted(set(chosen) - {'specstruct', 'llama.cpp'})}",
+                                     param_hint="--baselines")
+        llama = llama_side(model, llama_server, llama_gguf) if "llama.cpp" in chosen else None
+        with console.status("loading models"):
+            engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
+        settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        agent(engine, console, limit, settings, chosen, llama, out, markdown_out,
+              None if quiet else lambda done, total, what: console.log(what))
+        return
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
-    if any(s not in SCENARIOS for s in scenarios):
-        raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose, all (those three), pipeline "
-                                 "or batch", param_hint="--scenario")
+    if any(s not in (*SCENARIOS, DOCUMENT) for s in scenarios):
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: use json, code, prose, all (those three), document, "
+                                 "agent, pipeline or batch", param_hint="--scenario")
     chosen = [b.strip() for b in (baselines or ("specstruct" if quick else ",".join(DEFAULT_BASELINES))).split(",") if b.strip()]
     if unknown := [b for b in chosen if b not in ALL_BASELINES]:  # before minutes of model loading
         raise typer.BadParameter(f"unknown baseline(s) {unknown}: choose from {', '.join(ALL_BASELINES)}",

@@ -11,7 +11,8 @@ from typing import Any
 
 from specstruct.bench.summary import EXTERNAL, PUBLISHED
 
-SCENARIO_TITLES = {"json": "JSON generation", "code": "code writing", "prose": "prose writing"}
+SCENARIO_TITLES = {"json": "JSON generation", "code": "code writing", "prose": "prose writing",
+                   "document": "document extraction"}
 
 
 def _num(value: float | None, fmt: str = "{:.2f}") -> str:

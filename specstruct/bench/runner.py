@@ -31,7 +31,7 @@ ALL_BASELINES = ("specstruct", "outlines", "hf", "hf-assisted", "llama.cpp")  # 
 DEFAULT_BASELINES = ALL_BASELINES[:4]  # llama.cpp runs only when asked for (it needs a llama-server build)
 QUICK_LIMIT = 3
 # prompts per scenario by default: JSON runs all 10 extraction passages (40-200 output tokens) and 10 schemas
-DEFAULT_LIMITS = {"json": 20, "code": 5, "prose": 5}
+DEFAULT_LIMITS = {"json": 20, "code": 5, "prose": 5, "document": 6}  # document: all six documents
 
 
 def build_sides(engine: Any, baselines: Iterable[str], settings: Settings, base_engine: Any = None,

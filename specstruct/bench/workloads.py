@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from specstruct.bench.extraction import PASSAGES, extraction_prompt
 
-SCENARIOS = ("json", "code", "prose")
+SCENARIOS = ("json", "code", "prose")  # what `--scenario all` runs
+DOCUMENT = "document"  # typed extraction from one- to two-page documents (documents.py); not part of all
 # JSONSchemaBench splits sampled round-robin; easy real-world schemas first, function calling last.
 SCHEMA_SPLITS = ("Github_trivial", "Glaiveai2K", "Github_easy", "BFCL_simple", "Handwritten", "BFCL_multiple")
 MAX_SCHEMA_CHARS = 1200  # keeps prompts short and constraint compilation well under a second
@@ -160,24 +161,36 @@ def schema_workloads(limit: int) -> list[Workload]:
 def extraction_workloads(limit: int) -> list[Workload]:
     """Typed extraction from the passages in extraction.py into their Pydantic models."""
 
-    def validator(model: Any) -> Validator:
-        def validate(text: str) -> tuple[bool | None, str]:
-            from pydantic import ValidationError
-
-            try:
-                model.model_validate_json(text)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first.get("loc", ())) or "value"
-                return False, f"{where}: {first.get('msg', '')}"
-            return True, ""
-
-        return validate
-
     return [
         Workload(f"extract:{name}", "json", "extraction", [{"role": "user", "content": extraction_prompt(model, passage)}],
-                 model, model, validator(model), {"model": model.__name__})
+                 model, model, _model_validator(model), {"model": model.__name__})
         for name, model, passage in PASSAGES[:limit]
+    ]
+
+
+def _model_validator(model: Any) -> Validator:
+    def validate(text: str) -> tuple[bool | None, str]:
+        from pydantic import ValidationError
+
+        try:
+            model.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+            return False, f"{where}: {first.get('msg', '')}"
+        return True, ""
+
+    return validate
+
+
+def document_workloads(limit: int) -> list[Workload]:
+    """Typed extraction from the documents in documents.py (1,000-3,000 prompt tokens each) into their records."""
+    from specstruct.bench.documents import document_prompt, documents
+
+    return [
+        Workload(f"document:{name}", DOCUMENT, "document", [{"role": "user", "content": document_prompt(model, text)}],
+                 model, model, _model_validator(model), {"model": model.__name__, "chars": len(text)})
+        for name, model, text in documents(limit)
     ]
 
 
@@ -250,4 +263,6 @@ def load_workloads(scenario: str, limit: int) -> list[Workload]:
         return code_workloads(limit)
     if scenario == "prose":
         return prose_workloads(limit)
-    raise ValueError(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)} or 'all'")
+    if scenario == DOCUMENT:
+        return document_workloads(limit)
+    raise ValueError(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)}, {DOCUMENT} or 'all'")

@@ -1,0 +1,320 @@
+"""The agent scenario: a customer-support agent's multi-turn tool-calling loop (agent_tasks.py), through the Python
+API with `tools=`, each turn measured on every side.
+
+    specstruct bench --scenario agent --limit 3 --baselines specstruct,llama.cpp --llama-server PATH/llama-server
+
+An episode starts from a customer's request. Each turn sends the same system prompt and tools and the history so
+far; the reply's tool calls are run against the shop's records and their results appended, and the loop goes on
+until a reply calls no tool (or `max_turns`). specstruct (speculation on) drives the loop: its replies make the
+history, so every side gets the same turns, with the prompt cache on, as an agent runs:
+
+    specstruct   `engine.run(messages, tools=TOOLS)`: the tool-call grammar, speculation on, the prefix cache on
+    target-only  the same with speculation off (`--baselines specstruct`): its replies must be identical
+    llama.cpp    llama-server's `/v1/chat/completions` with the same messages and `tools` (its own chat template
+                 and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
+
+Every call of every side is checked: it names a bound tool and its arguments match that tool's schema. Reported per
+turn and in total: seconds, prompt tokens (and those served by the cache), new tokens, the calls, whether they are
+valid, and whether llama.cpp's calls agree with specstruct's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Sequence
+
+from specstruct.bench.agent_tasks import REQUESTS, SYSTEM, TOOLS, call_tool
+from specstruct.bench.measure import Settings
+
+Progress = Callable[[int, int, str], None] | None
+SPEC, TARGET_ONLY, LLAMA = "specstruct", "target-only", "llama.cpp"
+WARM_UP = [{"role": "user", "content": "Hello!"}]
+
+
+def check_calls(calls: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = TOOLS) -> str:
+    """Why `calls` are not valid ("" when they are): each must name a bound tool, with arguments (a dict) that match
+    the tool's parameter schema."""
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+    for i, call in enumerate(calls):
+        name, arguments = call.get("name"), call.get("arguments")
+        if name not in schemas:
+            return f"call {i} names {name!r}, which is not a bound tool"
+        if not isinstance(arguments, dict):
+            return f"call {i} ({name}): arguments are not a JSON object: {arguments!r:.80}"
+        errors = sorted(jsonschema.Draft202012Validator(schemas[name]).iter_errors(arguments), key=str)
+        if errors:
+            return f"call {i} ({name}): {errors[0].message}"
+    return ""
+
+
+def _plain_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+
+
+class SpecStructAgent:
+    """One specstruct side: `turn(messages)` is one `engine.run(messages, tools=TOOLS)`, the prefix cache on, salted
+    with the side's name: two sides on one engine never serve each other's prompts (each reuses only its own turns)."""
+
+    def __init__(self, name: str, engine: Any, speculative: bool, settings: Settings):
+        self.name, self.engine, self.settings = name, engine, settings
+        self.config = engine.config.merged(enable_speculative=speculative, max_retries=0, use_prefix_cache=True)
+
+    def numerics(self) -> str:
+        return str(getattr(self.engine, "numerics", ""))
+
+    def turn(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        from specstruct.errors import IncompleteOutputError
+
+        s = self.settings
+        start = time.perf_counter()
+        try:
+            res = self.engine.run(messages, tools=TOOLS, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                                  top_p=s.top_p, seed=s.seed, cache_salt=self.name, config=self.config)
+            seconds = time.perf_counter() - start
+            reply, stats, ids, finish = res.value, res.stats, list(res.token_ids), res.finish_reason
+            content, calls = reply.content, list(reply.tool_calls)
+        except IncompleteOutputError as exc:  # max_new_tokens cut the reply: still a timing, and the episode's end
+            seconds = time.perf_counter() - start
+            stats, ids, finish, content, calls = exc.stats, list(exc.token_ids), "length", exc.text, []
+        return dict(seconds=seconds, content=content, calls=calls, token_ids=ids, new_tokens=len(ids),
+                    prompt_tokens=getattr(stats, "prompt_tokens", None),
+                    cached_prompt_tokens=getattr(stats, "cached_prompt_tokens", None),
+                    prefill_s=getattr(stats, "prefill_s", None), finish_reason=finish,
+                    tokens_per_forward=getattr(stats, "tokens_per_forward", None),
+                    cut=finish == "length", error=check_calls(calls))
+
+    def warm_up(self) -> None:
+        """An untimed call (kernels, the tool grammar); then an empty prefix cache, as a fresh agent starts."""
+        _quiet_run(self.engine, WARM_UP, self.config)
+        self.engine.clear_cache()
+
+
+def _quiet_run(engine: Any, messages: list[dict[str, Any]], config: Any) -> None:
+    from specstruct.errors import IncompleteOutputError, ValidationRetryError
+
+    try:
+        engine.run(messages, tools=TOOLS, max_new_tokens=4, config=config)
+    except (IncompleteOutputError, ValidationRetryError):
+        pass
+
+
+def openai_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as the OpenAI API sends it: tool-call arguments as JSON strings, content never null."""
+    out = []
+    for m in messages:
+        item = {k: v for k, v in m.items() if k != "tool_calls"}
+        item["content"] = m.get("content") or ""
+        if m.get("tool_calls"):
+            item["tool_calls"] = [{"id": c["id"], "type": "function",
+                                   "function": {"name": c["function"]["name"],
+                                                "arguments": json.dumps(c["function"]["arguments"])}}
+                                  for c in m["tool_calls"]]
+        out.append(item)
+    return out
+
+
+def chat_body(messages: Sequence[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+    """llama-server's `/v1/chat/completions` body for one turn: the same messages and tools, greedy or sampled as the
+    other sides, its prompt cache on (an agent's server keeps it on)."""
+    return {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": "auto",
+            "max_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
+            "seed": settings.seed, "cache_prompt": True, "parallel_tool_calls": True}
+
+
+def parse_chat_reply(data: dict[str, Any]) -> dict[str, Any]:
+    """A `/v1/chat/completions` reply -> content, calls (arguments parsed from their JSON strings), token counts,
+    prefill time, whether max_tokens cut it, and why the calls are not valid ("" when they are)."""
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    calls, error = [], ""
+    for c in message.get("tool_calls") or []:
+        fn = c.get("function") or {}
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            arguments, error = fn.get("arguments"), error or f"{fn.get('name')}: arguments are not JSON"
+        calls.append({"id": c.get("id", ""), "name": fn.get("name"), "arguments": arguments})
+    usage, timings = data.get("usage") or {}, data.get("timings") or {}
+    prompt_ms = timings.get("prompt_ms")
+    return dict(content=message.get("content") or "", calls=calls, new_tokens=int(usage.get("completion_tokens", 0)),
+                prompt_tokens=usage.get("prompt_tokens"),
+                cached_prompt_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens",
+                                                                                    timings.get("cache_n")),
+                prefill_s=prompt_ms / 1000 if prompt_ms is not None else None,
+                finish_reason=choice.get("finish_reason"), cut=choice.get("finish_reason") == "length",
+                error=error or check_calls(calls))
+
+
+class LlamaAgent:
+    """llama-server (a started LlamaCppSide) as the agent's other side: one `/v1/chat/completions` per turn."""
+
+    name = LLAMA
+
+    def __init__(self, server: Any, settings: Settings):
+        self.server, self.settings = server, settings
+
+    def numerics(self) -> str:
+        return self.server.numerics()
+
+    def turn(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        import httpx
+
+        start = time.perf_counter()
+        resp = httpx.post(self.server.url + "/v1/chat/completions", json=chat_body(messages, self.settings),
+                          timeout=1800.0)
+        seconds = time.perf_counter() - start
+        if resp.status_code != 200:
+            return dict(seconds=seconds, content="", calls=[], new_tokens=0, prompt_tokens=None,
+                        cached_prompt_tokens=None, prefill_s=None, finish_reason=None, cut=False,
+                        error=f"llama-server answered {resp.status_code}: {resp.text[:200]}")
+        return dict(parse_chat_reply(resp.json()), seconds=seconds)
+
+    def warm_up(self) -> None:
+        self.server.start()
+        self.turn(WARM_UP)
+
+
+def assistant_message(reply: dict[str, Any]) -> dict[str, Any]:
+    """The history's record of a reply: its text and its calls (arguments as dicts, as chat templates want)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply["content"]}
+    if reply["calls"]:
+        message["tool_calls"] = [{"id": c.get("id") or f"call_{i}", "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                 for i, c in enumerate(reply["calls"])]
+    return message
+
+
+def tool_messages(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each call's result, as the `tool` messages that follow the reply."""
+    return [{"role": "tool", "tool_call_id": c.get("id") or f"call_{i}", "name": c["name"],
+             "content": json.dumps(call_tool(c["name"], c["arguments"]))}
+            for i, c in enumerate(reply["calls"])]
+
+
+def run_episode(request: str, sides: dict[str, Any], max_turns: int, episode: int = 0,
+                progress: Progress = None) -> list[dict[str, Any]]:
+    """One customer request to the end of the loop. specstruct's replies make the history; every side answers each
+    turn's history (the order of the sides alternates turn by turn). Returns one record per turn."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
+    turns = []
+    for k in range(max_turns):
+        order = list(sides) if k % 2 == 0 else list(sides)[::-1]
+        record: dict[str, Any] = {"episode": episode, "turn": k + 1, "messages": len(messages), "sides": {}}
+        for name in order:
+            if progress:
+                progress(k, max_turns, f"episode {episode + 1}, turn {k + 1}: {name}")
+            record["sides"][name] = sides[name].turn(messages)
+        spec = record["sides"][SPEC]
+        if TARGET_ONLY in record["sides"]:
+            record["identical"] = record["sides"][TARGET_ONLY].get("token_ids") == spec["token_ids"]
+        if LLAMA in record["sides"]:
+            record["llama_agrees"] = _plain_calls(record["sides"][LLAMA]["calls"]) == _plain_calls(spec["calls"])
+        turns.append(record)
+        if not spec["calls"] or spec["error"] or spec["cut"]:
+            break  # the agent answered the customer (or its reply was cut): the episode is over
+        messages = messages + [assistant_message(spec)] + tool_messages(spec)
+    return turns
+
+
+def summarize(turns: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"episodes": len({t["episode"] for t in turns}), "turns": len(turns)}
+    for name in names:
+        rows = [t["sides"][name] for t in turns if name in t["sides"]]
+        calls = sum(len(r["calls"]) for r in rows)
+        out[name] = dict(seconds=sum(r["seconds"] for r in rows), new_tokens=sum(r["new_tokens"] for r in rows),
+                         calls=calls, valid_turns=sum(not r["error"] for r in rows), turns=len(rows),
+                         cut_turns=sum(bool(r["cut"]) for r in rows),
+                         prompt_tokens=sum(r["prompt_tokens"] or 0 for r in rows),
+                         cached_prompt_tokens=sum(r["cached_prompt_tokens"] or 0 for r in rows))
+    for name in names:
+        if name != SPEC and out[name]["seconds"] > 0:
+            out[name]["specstruct_speedup"] = out[name]["seconds"] / out[SPEC]["seconds"]
+    if TARGET_ONLY in names:
+        out["identical"] = sum(bool(t.get("identical")) for t in turns)
+    if LLAMA in names:
+        out["llama_agrees"] = sum(bool(t.get("llama_agrees")) for t in turns)
+    return out
+
+
+def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str] = (), llama: Any = None,
+              settings: Settings | None = None, max_turns: int = 6, progress: Progress = None) -> dict[str, Any]:
+    """The agent scenario on `engine`: the first `limit` customer requests (all six by default). `baselines` may
+    hold "specstruct" (the target-only side) and "llama.cpp" (then `llama` is a LlamaCppSide)."""
+    settings = settings or Settings(max_new_tokens=256)
+    sides: dict[str, Any] = {SPEC: SpecStructAgent(SPEC, engine, True, settings)}
+    if "specstruct" in baselines:
+        sides[TARGET_ONLY] = SpecStructAgent(TARGET_ONLY, engine, False, settings)
+    if "llama.cpp" in baselines:
+        if llama is None:
+            raise ValueError("the llama.cpp side needs a LlamaCppSide (llama-server and the GGUF file)")
+        sides[LLAMA] = LlamaAgent(llama, settings)
+    try:
+        for side in sides.values():
+            side.warm_up()
+        turns = []
+        for i, request in enumerate(REQUESTS[:limit]):
+            turns += run_episode(request, sides, max_turns, i, progress)
+    finally:
+        if llama is not None:
+            llama.close()
+    for t in turns:  # the token ids served their comparison; the figures stay
+        for side in t["sides"].values():
+            side.pop("token_ids", None)
+    return dict(turns=turns, summary=summarize(turns, list(sides)), sides=list(sides),
+                numerics={name: side.numerics() for name, side in sides.items()},
+                model=getattr(engine, "model_name", ""), settings=vars(settings))
+
+
+def _validity(reply: dict[str, Any]) -> str:
+    return "NO" if reply["error"] else "cut" if reply["cut"] else "yes"
+
+
+def _calls_text(reply: dict[str, Any]) -> str:
+    return ", ".join(c["name"] for c in reply["calls"]) or "(reply)"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    names, s = res["sides"], res["summary"]
+    head = " | ".join(f"{n}, s" for n in names)
+    lines = [f"Model: {res['model']}; {s['episodes']} episodes, {s['turns']} turns; prompt caches on every side.", "",
+             f"| episode | turn | prompt tokens (cached) | {head} | specstruct's calls | valid |",
+             "|---|---|---|" + "---|" * len(names) + "---|---|"]
+    for t in res["turns"]:
+        spec = t["sides"][SPEC]
+        seconds = " | ".join(f"{t['sides'][n]['seconds']:.2f}" for n in names)
+        valid = ", ".join(f"{n}: {_validity(t['sides'][n])}" for n in names)
+        lines.append(f"| {t['episode'] + 1} | {t['turn']} | {spec['prompt_tokens']} ({spec['cached_prompt_tokens']}) "
+                     f"| {seconds} | {_calls_text(spec)} | {valid} |")
+    total = " | ".join(f"**{s[n]['seconds']:.2f}**" for n in names)
+    lines.append(f"| all | {s['turns']} | | {total} | | |")
+    lines += ["", "| side | seconds | new tokens | tool calls | turns with valid calls | cut by max tokens | "
+                  "vs specstruct |", "|---|---|---|---|---|---|---|"]
+    for n in names:
+        ratio = f"{s[n]['specstruct_speedup']:.2f}x slower" if "specstruct_speedup" in s[n] else ""
+        lines.append(f"| {n} | {s[n]['seconds']:.2f} | {s[n]['new_tokens']} | {s[n]['calls']} | "
+                     f"{s[n]['valid_turns']}/{s[n]['turns']} | {s[n]['cut_turns']} | {ratio} |")
+    if "identical" in s:
+        lines.append(f"\ntarget-only replies identical to specstruct's: {s['identical']}/{s['turns']} turns.")
+    if "llama_agrees" in s:
+        lines.append(f"llama.cpp's calls the same as specstruct's: {s['llama_agrees']}/{s['turns']} turns "
+                     "(its replies do not enter the history: both answer specstruct's turns).")
+    lines += ["", *(f"- {n}: {res['numerics'][n]}" for n in names)]
+    return "\n".join(lines) + "\n"
+
+
+def main(engine: Any, console: Any, limit: int | None, settings: Settings, baselines: Sequence[str],
+         llama: Any, out: str | None, markdown_out: str | None, progress: Progress) -> dict[str, Any]:
+    """`specstruct bench --scenario agent`: run, print the Markdown tables, write --out and --markdown."""
+    from pathlib import Path
+
+    res = run_agent(engine, limit=limit, baselines=baselines, llama=llama, settings=settings, progress=progress)
+    text = markdown(res)
+    console.print(text)
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1, default=str))
+    if markdown_out:
+        Path(markdown_out).write_text(text)
+    return res
