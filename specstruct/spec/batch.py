@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time, probe_trimmed
-from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
+from specstruct.spec.proposers.draft_model import DraftState, Job
 from specstruct.runtime.kv.layers import SeqKV
 from specstruct.spec.prefill_budget import prefill_budget
 from specstruct.spec.row import Row, Step
@@ -46,8 +46,8 @@ class BatchDecoder:
         self.prefill_chunk = max(1, prefill_chunk)  # the per-step prefill budget while rows decode (its floor)
         self.adaptive_prefill = adaptive_prefill  # False: exactly prefill_chunk while rows decode
         self.rows: list[Row] = []
-        model = speculator.drafters.get("model")
-        self.draft = model.runtime if model is not None else None
+        self.proposer = speculator.proposers.batched  # the model-step proposer (the draft model), if any
+        self.draft = self.proposer.runtime if self.proposer is not None else None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -201,7 +201,8 @@ class BatchDecoder:
     def _size_free(self, decoding: list[Row], steps: dict[int, Step]) -> None:
         """In a pass of several rows, keep the free candidates that raise the batch's expected tokens per second
         (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
-        chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
+        chains = [r.policy.candidate_rates(r.constraint.mode, steps[id(r)].segments, r.config.adaptive_threshold)
+                  for r in decoding]
         keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
         shared = [i for i, r in enumerate(decoding) if r.policy is self.speculator.policy]  # not a seeded row's own
         probed = probe_trimmed(self.speculator.policy,
@@ -229,7 +230,7 @@ class BatchDecoder:
         for r in decoding:
             s = steps[id(r)]
             if r.draft_kv is not None and (s.model_room > 0 or s.arbitrates(r.config)):
-                rate = r.policy.rate[(r.constraint.mode, "model")]
+                rate = r.policy.model_rate(r.constraint.mode)
                 rate = r.config.adaptive_threshold if rate is None else rate
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
             else:
@@ -264,7 +265,7 @@ class BatchDecoder:
         costs: list[tuple[int, float]] = []
         t0 = time.perf_counter()
         try:
-            run_drafts(self.draft, list(jobs.values()), self.speculator.eos, costs)
+            self.proposer.propose_batch(list(jobs.values()), costs)
         except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
             for r in decoding:
                 if id(r) in jobs:

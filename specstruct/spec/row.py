@@ -183,15 +183,17 @@ class Row:
         `alone`: the row has this pass to itself."""
         plan = self._plan(alone)
         budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token
-        step = Step(self.constraint.fork(), budget, plan.limits.get("model", 0) if "model" in plan.drafters else 0)
+        batched = self.speculator.proposers.batched  # the model-step proposer: the batch runs it after these
+        model = plan.limits.get(batched.name, 0) if batched is not None and batched.name in plan.drafters else 0
+        step = Step(self.constraint.fork(), budget, model)
         context = self.prompt + self.token_ids
         t0 = time.perf_counter()
         for name in plan.drafters:
             room = min(plan.limits.get(name, 0), budget - len(step.cands))
-            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
+            drafter = self.speculator.proposers.free.get(name)
+            if drafter is None or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
-            drafter = self.speculator.drafters[name]
-            text = self._context_text(step.cands) if drafter.reads_text else None
+            text = self._context_text(step.cands) if drafter.traits.reads_text else None
             d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text,
                                 room=budget - len(step.cands))
             step.add(name, d.tokens, d.q)
@@ -300,28 +302,19 @@ class Step:
             self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
         self.fork = fork
 
-    def rates(self, policy, mode, default: float) -> list[float]:
-        """Per candidate, its drafter's acceptance rate as the policy measured it (`default` before it has)."""
-        out: list[float] = []
-        for name, count in self.segments:
-            if name == "lookup":  # a guess, then a copy
-                first, copy = policy.lookup_rates(mode)
-                out += [first] + [copy] * (count - 1)
-                continue
-            rate = policy.rate[(mode, name)]
-            out += [default if rate is None else rate] * count
-        return out
-
-    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list) -> None:
-        """The draft model's tokens and the forced tokens between them, in order (q per model token if sampling)."""
+    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list[torch.Tensor | None]) -> None:
+        """The draft model's tokens and the forced tokens between them, in order (`qs`: q per token if sampling,
+        None for a forced one)."""
         at = 0
         for name, n in runs:
-            q = qs[at : at + n] if name == "model" and qs else None
-            self.add(name, tokens[at : at + n], torch.stack(q) if q else None)
+            self._extend(name, tokens[at : at + n], qs[at : at + n] if qs else [None] * n)
             at += n
 
     def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
+        self._extend(name, tokens, [None] * len(tokens) if q is None else list(q))
+
+    def _extend(self, name: str, tokens: list[int], qs: list[torch.Tensor | None]) -> None:
         if tokens:
             self.cands += tokens
-            self.qs += [None] * len(tokens) if q is None else list(q)
+            self.qs += qs
             self.segments.append((name, len(tokens)))

@@ -16,14 +16,14 @@ way (greedy: token for token; sampling: in distribution).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
-from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter, StructureGuessDrafter
-from specstruct.spec.proposers.draft_model import step_seconds
-from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
+from specstruct.spec.interfaces import Constraint, Proposer, Runtime, Setup
 from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.proposers.draft_model import step_seconds
+from specstruct.spec.proposers.registry import Proposers, build
 from specstruct.spec.row import Row
 
 
@@ -32,23 +32,21 @@ class Speculator:
 
     def __init__(
         self,
-        target: Runtime,
-        tokenizer,
+        target: Runtime[Any],
+        tokenizer: Any,
         eos_token_ids: Sequence[int],
-        draft: Runtime | None = None,
+        draft: Runtime[Any] | None = None,
         config: SpecConfig | None = None,
         prefix_cache: PrefixCache | None = None,
     ):
-        self.target: Runtime = target
+        self.target: Runtime[Any] = target
         self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter(tokenizer),
-                                             "guess": StructureGuessDrafter(tokenizer)}
-        if draft is not None:
-            self.drafters["model"] = DraftModelDrafter(draft, self.eos)
-        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
-        self.numerics = target.numerics
+        self.proposers: Proposers = build(Setup(tokenizer, frozenset(self.eos), draft))  # proposers/registry.py
+        self.drafters: dict[str, Proposer] = self.proposers.all()  # by name (statistics, benchmarks)
+        self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.numerics: str = target.numerics
         if draft is not None:
             self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
             self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"

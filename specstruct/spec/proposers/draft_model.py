@@ -29,27 +29,38 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from specstruct.runtime.model_runtime import ModelRuntime
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Runtime, Sequence_, Setup, Sizing, Traits
+from specstruct.spec.proposers.forced import ForcedTextDrafter
 from specstruct.spec.verify import distribution, greedy_token, sample
 
+FORCED = ForcedTextDrafter.name  # the tokens a draft appends without a draft pass count as forced text
 
 
 class DraftModelDrafter:
-    """The draft model among the proposers: names it for the policy ("model") and holds its runtime. Unlike forced
-    text and prompt lookup it proposes for every row of a batch at once (`run_drafts` below)."""
+    """The draft model among the proposers: a model-step proposer (its length is cost-gated by the policy) that
+    proposes for every row of a batch at once (`propose_batch`, packed passes of its own runtime)."""
 
-    name = "model"
+    traits = Traits("model", switch="use_draft_model", sizing=Sizing.LEARNED, model_step=True)
+    name = traits.name
 
-    def __init__(self, runtime: ModelRuntime, eos_token_ids: Sequence[int] = ()):
+    @classmethod
+    def create(cls, setup: Setup) -> "DraftModelDrafter | None":
+        return None if setup.draft is None else cls(setup.draft, setup.eos)
+
+    def __init__(self, runtime: Runtime[Any], eos_token_ids: Sequence[int] = ()):
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
+    def propose_batch(self, jobs: Sequence["Job"], costs: list[tuple[int, float]]) -> None:
+        run_drafts(self.runtime, list(jobs), self.eos, costs)
 
-def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
+
+def step_seconds(runtime: Runtime[Any], repeats: int = 5) -> float:
     """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
     moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
     decides whether a lone row tries the draft at all)."""
@@ -68,8 +79,8 @@ def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
 class DraftState:
     """What one row's draft cache holds."""
 
-    def __init__(self, runtime: ModelRuntime, layers: list | None = None, tokens: Sequence[int] = ()):
-        self.kv = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
+    def __init__(self, runtime: Runtime[Any], layers: list[Any] | None = None, tokens: Sequence[int] = ()):
+        self.kv: Sequence_ = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
         self.tokens: list[int] = list(tokens)
 
     def feed_for(self, context: Sequence[int]) -> list[int]:
@@ -89,7 +100,7 @@ class Job:
 
     state: DraftState
     context: list[int]
-    fork: object
+    fork: Constraint | None
     k: int
     temperature: float
     generator: torch.Generator | None
@@ -103,13 +114,13 @@ class Job:
     stopped: bool = False
     tokens: list[int] = field(default_factory=list)
     qs: list[torch.Tensor | None] = field(default_factory=list)  # when sampling: q per token (None: forced)
-    runs: list[tuple[str, int]] = field(default_factory=list)  # ("model" | "forced", count) in token order
+    runs: list[tuple[str, int]] = field(default_factory=list)  # (proposer name, count) in token order
     error: BaseException | None = None
 
-    def _append(self, name: str, tokens: list[int], q: torch.Tensor | None = None) -> None:
+    def _append(self, name: str, tokens: list[int], qs: Sequence[torch.Tensor | None]) -> None:
         self.tokens += tokens
         if self.temperature > 0:
-            self.qs += [q] if name == "model" else [None] * len(tokens)
+            self.qs += list(qs)
         if self.runs and self.runs[-1][0] == name:
             self.runs[-1] = (name, self.runs[-1][1] + len(tokens))
         else:
@@ -121,7 +132,7 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
     return ([shared] if shared else []) + [[j] for j in jobs if j.alone]
 
 
-def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
+def run_drafts(runtime: Runtime[Any], jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
     """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
     feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context) + j.hint) for j in jobs}
     live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0 or j.hint)]
@@ -185,7 +196,7 @@ def _take(job: Job, logits: torch.Tensor) -> bool:
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
         return False
-    job._append("model", [t], q)
+    job._append(DraftModelDrafter.name, [t], [q])
     return True
 
 
@@ -207,5 +218,5 @@ def _forced(job: Job, eos: set[int]) -> list[int]:
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
     if ids:
-        job._append("forced", ids)
+        job._append(FORCED, ids, [None] * len(ids))
     return ids
