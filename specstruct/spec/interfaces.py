@@ -1,6 +1,7 @@
 """The seams of the decoder, as Protocols so test doubles need no inheritance.
 
-    engine -> {drafting (Drafter), policy (Policy), runtime (Runtime), verify} ; constraints via Constraint
+    batch -> {proposers (Proposer: Drafter, BatchProposer), policy (Policy), runtime (Runtime), verify};
+    constraints via Constraint
 
 Nothing here imports torch at module level beyond typing; implementations live in their own modules.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specstruct.constraints.base import Constraint, Mode
 
@@ -66,7 +67,7 @@ class Setup:
 
     tokenizer: Any
     eos: frozenset[int]
-    draft: "Runtime[Any] | None" = None
+    draft: "Runtime | None" = None
 
 
 @runtime_checkable
@@ -93,7 +94,7 @@ class Drafter(Proposer, Protocol):
         ...
 
 
-J = TypeVar("J")
+J = TypeVar("J", contravariant=True)
 
 
 @runtime_checkable
@@ -101,7 +102,7 @@ class BatchProposer(Proposer, Protocol[J]):
     """A model-step proposer (`model_step` True): proposes for every row of a step in packed passes of its own
     runtime (as vLLM's batch_propose), after the free proposers, each row's job saying what to draft from."""
 
-    runtime: "Runtime[Any]"
+    runtime: "Runtime"
 
     def propose_batch(self, jobs: Sequence[J], costs: list[tuple[int, float]]) -> None:
         """Fill each job's proposal in place; append (rows, seconds) of each one-token pass to `costs`."""
@@ -120,6 +121,8 @@ class Plan:
 
 @runtime_checkable
 class Policy(Protocol):
+    """What the row and the batch ask of the policy (policy.AdaptivePolicy; batch_policy.py reads its costs)."""
+
     def plan(self, mode: Mode, config: "SpecConfig | None" = None, alone: bool = True) -> Plan: ...
 
     def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int,
@@ -128,6 +131,14 @@ class Policy(Protocol):
     def observe_cost(self, kind: str, rows: int, seconds: float) -> None: ...
 
     def observe_step(self, mode: Mode, with_model: bool, tokens: int, seconds: float) -> None: ...
+
+    def model_rate(self, mode: Mode) -> float | None:
+        """The model-step proposer's acceptance rate in `mode` (None before it was measured)."""
+        ...
+
+    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float) -> list[float]:
+        """Per candidate of a step, its proposer's acceptance rate (`default` before it was measured)."""
+        ...
 
 
 class Sequence_(Protocol):
@@ -146,11 +157,8 @@ class Sequence_(Protocol):
     def crop(self, length: int) -> None: ...
 
 
-S = TypeVar("S", bound=Sequence_)  # a runtime's own sequence type (ModelRuntime: runtime.packed.KVSequence)
-
-
 @runtime_checkable
-class Runtime(Protocol[S]):
+class Runtime(Protocol):
     """A causal LM with per-sequence KV caches: `sequence` makes one, `forward` runs one pass over the segments of
     many (the batch decoder's only call: prefill chunks, draft steps and verification alike)."""
 
@@ -159,15 +167,20 @@ class Runtime(Protocol[S]):
     row_invariant: bool  # a row's logits do not depend on the other rows of a pass (batched == alone, bitwise)
     packed: bool  # the rows of a pass share one packed attention (its KV spans may be kept and reused)
     reuses_prefixes: bool  # a cached prefix's KV is bitwise what prefilling it cold gives (the prefix cache may serve)
-    cache_key: Hashable  # its namespace in a prefix cache (model and numerics)
 
-    def sequence(self, layers: "list[Any] | None" = None, length: int = 0) -> S:
+    @property
+    def cache_key(self) -> Hashable:
+        """Its namespace in a prefix cache (model and numerics)."""
+        ...
+
+    def sequence(self, layers: "list[Any] | None" = None, length: int = 0) -> Sequence_:
         """A new sequence: empty, or holding `layers` ([(key, value)] per layer, `length` positions; copied)."""
         ...
 
-    def forward(self, segments: Sequence[tuple[S, Sequence[int]]], keep: Sequence[int],
+    def forward(self, segments: Sequence[tuple[Any, Sequence[int]]], keep: Sequence[int],
                 masks: "Sequence[Sequence[torch.Tensor] | None] | None" = None) -> "list[torch.Tensor]":
-        """One pass appending each segment's tokens to its sequence; logits [keep[i], vocab] of each segment's
+        """One pass appending each segment's tokens to its sequence (one this runtime made: ModelRuntime's are
+        runtime.packed.KVSequence); logits [keep[i], vocab] of each segment's
         last keep[i] tokens. `masks[i]`, when given, holds the constraint's bool mask of each of those positions:
         logits a mask excludes need not be computed (they may be -inf)."""
         ...

@@ -20,7 +20,9 @@ from typing import Any, Sequence
 
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
-from specstruct.spec.interfaces import Constraint, Proposer, Runtime, Setup
+from specstruct.runtime.model_runtime import ModelRuntime
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Proposer, Runtime, Setup
 from specstruct.spec.policy import AdaptivePolicy
 from specstruct.spec.proposers.draft_model import step_seconds
 from specstruct.spec.proposers.registry import Proposers, build
@@ -32,14 +34,14 @@ class Speculator:
 
     def __init__(
         self,
-        target: Runtime[Any],
+        target: Runtime,
         tokenizer: Any,
         eos_token_ids: Sequence[int],
-        draft: Runtime[Any] | None = None,
+        draft: Runtime | None = None,
         config: SpecConfig | None = None,
         prefix_cache: PrefixCache | None = None,
     ):
-        self.target: Runtime[Any] = target
+        self.target: Runtime = target
         self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
@@ -49,7 +51,8 @@ class Speculator:
         self.numerics: str = target.numerics
         if draft is not None:
             self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
-            self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
+            own = getattr(draft.model, "_specstruct_draft_numerics", None) if isinstance(draft, ModelRuntime) else None
+            self.numerics += f"; draft: {own or draft.numerics}"
 
     def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:
         """One request, ready for `BatchDecoder.add`."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -52,7 +52,7 @@ class DraftModelDrafter:
     def create(cls, setup: Setup) -> "DraftModelDrafter | None":
         return None if setup.draft is None else cls(setup.draft, setup.eos)
 
-    def __init__(self, runtime: Runtime[Any], eos_token_ids: Sequence[int] = ()):
+    def __init__(self, runtime: Runtime, eos_token_ids: Iterable[int] = ()):
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
@@ -60,7 +60,7 @@ class DraftModelDrafter:
         run_drafts(self.runtime, list(jobs), self.eos, costs)
 
 
-def step_seconds(runtime: Runtime[Any], repeats: int = 5) -> float:
+def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
     """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
     moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
     decides whether a lone row tries the draft at all)."""
@@ -79,7 +79,7 @@ def step_seconds(runtime: Runtime[Any], repeats: int = 5) -> float:
 class DraftState:
     """What one row's draft cache holds."""
 
-    def __init__(self, runtime: Runtime[Any], layers: list[Any] | None = None, tokens: Sequence[int] = ()):
+    def __init__(self, runtime: Runtime, layers: list[Any] | None = None, tokens: Sequence[int] = ()):
         self.kv: Sequence_ = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
         self.tokens: list[int] = list(tokens)
 
@@ -117,6 +117,12 @@ class Job:
     runs: list[tuple[str, int]] = field(default_factory=list)  # (proposer name, count) in token order
     error: BaseException | None = None
 
+    def legal(self) -> Constraint:
+        """The constraint fork it drafts under (a feed-only job has none: it drafts nothing)."""
+        if self.fork is None:
+            raise RuntimeError("internal error: a feed-only draft job was asked for its constraint")
+        return self.fork
+
     def _append(self, name: str, tokens: list[int], qs: Sequence[torch.Tensor | None]) -> None:
         self.tokens += tokens
         if self.temperature > 0:
@@ -132,7 +138,7 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
     return ([shared] if shared else []) + [[j] for j in jobs if j.alone]
 
 
-def run_drafts(runtime: Runtime[Any], jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
+def run_drafts(runtime: Runtime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
     """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
     feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context) + j.hint) for j in jobs}
     live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0 or j.hint)]
@@ -165,8 +171,8 @@ def _arbitrate(job: Job, logits: torch.Tensor) -> int:
     kept = 0
     try:
         for i, x in enumerate(job.hint):
-            mask = job.fork.mask()
-            if greedy_token(logits[i, : mask.shape[0]], mask) != x or job.fork.advance([x]) != 1:
+            mask = job.legal().mask()
+            if greedy_token(logits[i, : mask.shape[0]], mask) != x or job.legal().advance([x]) != 1:
                 break
             kept += 1
     except Exception as err:  # a broken constraint fails its own row only
@@ -182,13 +188,13 @@ def _arbitrate(job: Job, logits: torch.Tensor) -> int:
 def _take(job: Job, logits: torch.Tensor) -> bool:
     """Append the next draft token chosen under the fork's mask; False when the constraint refuses it."""
     try:
-        mask = job.fork.mask()
+        mask = job.legal().mask()
         if job.temperature > 0:
             q = distribution(logits[: mask.shape[0]], mask, job.temperature)
             t = sample(q, job.generator)
         else:
             q, t = None, greedy_token(logits[: mask.shape[0]], mask)
-        if job.fork.advance([t]) != 1:
+        if job.legal().advance([t]) != 1:
             return False
         if job.confidence > 0:  # the draft doubts this token: verify what it has rather than draft on
             p = q[t] if q is not None else _probability(logits[: mask.shape[0]], mask, t)
@@ -211,8 +217,8 @@ def _forced(job: Job, eos: set[int]) -> list[int]:
     ids: list[int] = []
     try:
         while job.forced and len(job.tokens) + len(ids) < job.k:
-            allowed = job.fork.mask().nonzero()
-            if allowed.shape[0] != 1 or int(allowed[0]) in eos or job.fork.advance([int(allowed[0])]) != 1:
+            allowed = job.legal().mask().nonzero()
+            if allowed.shape[0] != 1 or int(allowed[0]) in eos or job.legal().advance([int(allowed[0])]) != 1:
                 break
             ids.append(int(allowed[0]))
     except Exception as err:  # a broken constraint fails its own row only

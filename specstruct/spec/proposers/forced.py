@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specstruct.spec.interfaces import Constraint, Draft, Setup, Sizing, Traits, encode
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Draft, Setup, Sizing, Traits, encode
 
 
 class ForcedTextDrafter:
