@@ -25,7 +25,7 @@ def _masks(constraint, out):
 
 
 def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
-    from specstruct.spec import batch as batch_module
+    from specstruct.spec.proposers import draft_model as batch_module  # the draft's propose_batch runs run_drafts
 
     drafter = eng.speculator.drafters["model"]
     props: list[tuple[list[int], list[int]]] = []

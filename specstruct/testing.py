@@ -107,18 +107,22 @@ class ScriptedRuntime:
     forbids the scripted token, the lowest legal id wins (as with any argmax under a mask)."""
 
     numerics = "scripted"
+    row_invariant, packed, reuses_prefixes = True, False, False  # no KV to reuse: the prefix cache passes it by
 
     def __init__(self, script: list[int], vocab_size: int, eos_id: int):
         self.script, self.vocab_size, self.eos_id = list(script), vocab_size, eos_id
         self.max_length = None
+        self.cache_key = ("scripted", id(self))
 
     def _row(self, position: int) -> torch.Tensor:
         logits = torch.zeros(self.vocab_size)
         logits[self.script[position] if position < len(self.script) else self.eos_id] = 10.0
         return logits
 
-    def sequence(self) -> "_ScriptedSequence":
-        return _ScriptedSequence()
+    def sequence(self, layers=None, length: int = 0) -> "_ScriptedSequence":
+        seq = _ScriptedSequence()
+        seq.length = length
+        return seq
 
     def forward(self, segments, keep, masks=None) -> list[torch.Tensor]:
         """Each segment's last keep[i] rows; a sequence's first row with logits is the end of its prompt."""

@@ -11,6 +11,8 @@ from typing import Any
 
 from specstruct.spec import stops
 from specstruct.errors import IncompleteOutputError, InvalidParameterError, ValidationRetryError
+from specstruct.config import SpecConfig
+from specstruct.constraints.base import Constraint
 from specstruct.engine.request import Output
 from specstruct.types.output import OutputSpec
 from specstruct.results import Chunk, Result
@@ -36,8 +38,8 @@ class Ending:
 
     tokenizer: Any
     spec: OutputSpec
-    compiled: Any
-    cfg: Any
+    compiled: Constraint
+    cfg: SpecConfig
 
 
 def final_text(end: Ending, decode: Output) -> str:

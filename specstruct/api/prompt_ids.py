@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, Callable
 
 _ANCHORS = range(0xE000, 0xF900)  # Unicode private use: not in ordinary text, kept as is by `tojson`
 
@@ -109,7 +109,7 @@ def _hide(text: str, *, pattern: re.Pattern, anchor: str, table: list[str]) -> s
     return pattern.sub(placeholder, text)
 
 
-def _map_strings(value: Any, fn: Any) -> Any:
+def _map_strings(value: object, fn: Callable[[str], object]) -> Any:
     """Every str inside dicts and lists (keys too: a schema's property names reach the template) mapped by fn."""
     if isinstance(value, str):
         return fn(value)
@@ -120,7 +120,7 @@ def _map_strings(value: Any, fn: Any) -> Any:
     return value
 
 
-def _unused_anchor(value: Any) -> str:
+def _unused_anchor(value: object) -> str:
     """A private-use character that no string of the call holds, so that placeholders cannot be forged."""
     seen: set[str] = set()
     _map_strings(value, lambda s: seen.update(c for c in s if "\ue000" <= c <= "\uf8ff"))

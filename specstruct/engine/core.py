@@ -52,12 +52,12 @@ class Engine:
 
 def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], draft_model: torch.nn.Module | None,
           config: SpecConfig, engine_config: EngineConfig, batch_config: BatchConfig, *,
-          decoder: DecoderFactory | None = None, target: Runtime[Any] | None = None) -> Engine:
+          decoder: DecoderFactory | None = None, target: Runtime | None = None) -> Engine:
     """An engine over `model` (and `draft_model`, whose vocabulary must already match), built with `engine_config`;
     `config` is what the shared policy plans a call with when the call brings none. `decoder` replaces the
     scheduler's row decoder and `target` the target's runtime (test doubles: testing.scripted_engine)."""
     device = next(model.parameters()).device
-    runtime: Runtime[Any] = target or ModelRuntime(model)
+    runtime: Runtime = target or ModelRuntime(model)
     draft_rt = None
     if draft_model is not None:
         if engine_config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \

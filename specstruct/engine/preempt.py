@@ -12,19 +12,27 @@ output). A row keeps everything else (constraint, drafters, generator, stats, em
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
+from specstruct.runtime.kv.layers import SeqKV
 from specstruct.runtime.kv.memory import KVBudget, extra_headroom
 from specstruct.runtime.kv.store import KVStore, SpillHandle
+from specstruct.spec.row import Row
 
 
-def held(row: Any) -> int:
+class Pausable(Protocol):
+    """A decoder that can take a row out between steps and put it back (spec.batch.BatchDecoder)."""
+
+    def pause(self, row: Row) -> tuple[SeqKV, SeqKV | None]: ...
+
+    def resume(self, row: Row, target: SeqKV, draft: SeqKV | None) -> None: ...
+
+
+def held(row: Row) -> int:
     """Tokens a row holds, as far as the budget counts: its prompt (whole, even while prefilling) and output, plus
     what one step of a row whose config allows more than the budget's default headroom (max_candidates above 16,
     up to 64) may add beyond that headroom, so the budget follows each request's own cap."""
-    config = getattr(row, "config", None)
-    extra = 0 if config is None else extra_headroom(config, getattr(getattr(row, "constraint", None), "mode", None))
-    return len(row.prompt) + len(row.token_ids) + extra
+    return len(row.prompt) + len(row.token_ids) + extra_headroom(row.config, row.constraint.mode)
 
 
 class Preemption:
@@ -47,7 +55,7 @@ class Preemption:
             return True  # alone, a request always fits: KVBudget.check refused it before it started otherwise
         return sum(map(self.budget.need, running)) + self.budget.need(tokens) <= limit
 
-    def victims(self, running: Sequence[Any]) -> list[Any]:
+    def victims(self, running: Sequence[Row]) -> list[Row]:
         """The rows to pause, most recently admitted first (`running` is in admission order); never the first."""
         limit = self.budget.active_bytes
         if not limit:
@@ -60,7 +68,7 @@ class Preemption:
             total -= self.budget.need(held(row))
         return out
 
-    def pause(self, decoder: Any, row: Any) -> None:
+    def pause(self, decoder: Pausable, row: Row) -> None:
         """Take `row` out of `decoder` and spill its caches. A failed disk write is no error (the store keeps the
         token ids: re-prefilled on resume); if anything still raises, nothing stays spilled for the row and the
         caller must end its request (its KV may be gone from the decoder already)."""
@@ -78,13 +86,13 @@ class Preemption:
         row.stats.preempted += 1
         self._n["preemptions"] += 1
 
-    def prefetch(self, row: Any) -> None:
+    def prefetch(self, row: Row) -> None:
         """Start reading a paused row's caches back (it is next in line)."""
         for handle in self._spilled.get(id(row), ()):
             if handle is not None:
                 self.store.prefetch(handle)
 
-    def resume(self, decoder: Any, row: Any) -> None:
+    def resume(self, decoder: Pausable, row: Row) -> None:
         """Put a paused row back into `decoder` (a lost spill warns with KVLostWarning and is prefilled again)."""
         t0 = time.perf_counter()
         target, draft = self._spilled.pop(id(row))
@@ -94,7 +102,7 @@ class Preemption:
         self._n["resumes"] += 1
         self._n["restored" if seq.layers is not None or not seq.tokens else "reprefilled"] += 1
 
-    def discard(self, row: Any) -> None:
+    def discard(self, row: Row) -> None:
         """Free a paused row's spilled caches (its request was cancelled or the engine closed)."""
         for handle in self._spilled.pop(id(row), ()):
             if handle is not None:

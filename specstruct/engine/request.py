@@ -12,10 +12,15 @@ import copy
 import queue
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator
 
 from specstruct.errors import RequestCancelledError, RequestTimeoutError
 from specstruct.results import Stats
+
+if TYPE_CHECKING:
+    from specstruct.config import SpecConfig
+    from specstruct.constraints.base import Constraint
+    from specstruct.spec.row import Row
 
 _END = object()
 
@@ -32,13 +37,13 @@ class Output:
     complete: bool  # the constraint is final and allows only the end there (constraints.base.finished)
 
     @classmethod
-    def of(cls, row: Any) -> "Output":
+    def of(cls, row: Row) -> "Output":
         complete = row.complete()  # first: it may compute a mask, whose time the stats count
         return cls(list(row.token_ids), row.finish_reason, copy.deepcopy(row.stats), complete)
 
 
 class Request:
-    def __init__(self, prompt: list[int], constraint: Any, config: Any, *, wake: Callable[[], None],
+    def __init__(self, prompt: list[int], constraint: Constraint, config: SpecConfig, *, wake: Callable[[], None],
                  loop: asyncio.AbstractEventLoop | None = None):
         self.prompt, self.constraint, self.config = prompt, constraint, config
         self.output: Output | None = None  # once finished with a row (None: failed or cancelled before one ran)
@@ -63,7 +68,7 @@ class Request:
     def emit(self, tokens: list[int]) -> None:
         self._put(tokens)
 
-    def end(self, error: BaseException | None, row: Any = None) -> None:
+    def end(self, error: BaseException | None, row: Row | None = None) -> None:
         """Finished (error None), failed, or dropped after a cancel: the caller's Output is made here, on the
         scheduler thread, with the row's queue and batch stats."""
         if self.done:

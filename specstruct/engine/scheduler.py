@@ -18,19 +18,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol, cast
 
-from specstruct.config import BatchConfig
+from specstruct.config import BatchConfig, SpecConfig
+from specstruct.constraints.base import Constraint
 from specstruct.errors import EngineClosedError, OverloadedError, SpecStructError
 from specstruct.spec.batch import BatchDecoder
 from specstruct.spec.row import Row
 from specstruct.spec.speculator import Speculator
 from specstruct.runtime.openmp import release_pool
 from specstruct.runtime.kv.memory import extra_headroom
-from specstruct.engine.preempt import Preemption, held
+from specstruct.engine.preempt import Pausable, Preemption, held
 from specstruct.engine.request import Request
 
 
@@ -74,7 +76,8 @@ class Scheduler:
             return "the engine's decode loop thread has stopped"
         return None
 
-    def submit(self, prompt: list[int], constraint: Any, config: Any, *, loop: Any = None) -> Request:
+    def submit(self, prompt: list[int], constraint: Constraint, config: SpecConfig, *,
+               loop: asyncio.AbstractEventLoop | None = None) -> Request:
         """Queue a request; raises OverloadedError when max_queue requests are already waiting."""
         with self._cv:
             if self._closed is not None:
@@ -190,7 +193,8 @@ class Scheduler:
             gone = [req for req in self._waiting if req.cancelled]  # now, not when a slot frees (spilled KV)
             if gone:
                 self._waiting = deque(req for req in self._waiting if not req.cancelled)
-            new, running = [], [held(row) for row, _ in self._active.values()]
+            new: list[Request] = []
+            running = [held(row) for row, _ in self._active.values()]
             while self._waiting and len(self._active) + len(new) < size:
                 req = self._waiting[0]
                 if not self._fits(running, self._held(req)):
@@ -202,14 +206,28 @@ class Scheduler:
             self._end_waiting(req, None)
         for req in new:
             self._start(req)
-        if head is not None:
+        if head is not None and self.preemption is not None:
             self.preemption.prefetch(head)  # next in line: read its KV back while the others step
         return True
+
+    def _decoder(self) -> RowDecoder:
+        if self.decoder is None:
+            raise RuntimeError("internal error: the scheduler's loop has no decoder yet")
+        return self.decoder
+
+    def _pausable(self) -> Pausable:
+        """The decoder, which has pause and resume wherever preemption is on (_run turns it off otherwise)."""
+        return cast(Pausable, self._decoder())
+
+    def _preemption(self) -> Preemption:
+        if self.preemption is None:
+            raise RuntimeError("internal error: a request was paused without preemption")
+        return self.preemption
 
     def _held(self, req: Request) -> int:
         row = self._paused.get(req)
         return held(row) if row is not None else len(req.prompt) + extra_headroom(
-            req.config, getattr(req.constraint, "mode", None))  # counted as its row will be, from admission on
+            req.config, req.constraint.mode)  # counted as its row will be, from admission on
 
     def _fits(self, running: list[int], tokens: int) -> bool:
         return self.preemption is None or self.preemption.fits(running, tokens)
@@ -221,7 +239,7 @@ class Scheduler:
         for row in self.preemption.victims([row for row, _ in self._active.values()]):
             req = self._active[id(row)][1]
             try:
-                self.preemption.pause(self.decoder, row)
+                self.preemption.pause(self._pausable(), row)
             except Exception as err:  # noqa: BLE001 - this request fails alone; never left in neither _active nor
                 # _waiting (nobody would end it: its caller would wait forever), nor may it kill the loop
                 error = SpecStructError(f"pausing this request to free KV memory failed ({err!r}); it was stopped "
@@ -239,11 +257,11 @@ class Scheduler:
         req.admitted()
         try:
             if paused is not None:
-                self.preemption.resume(self.decoder, paused)
+                self._preemption().resume(self._pausable(), paused)
                 row = self._paused.pop(req)
             else:
                 row = self.speculator.row(req.prompt, req.constraint, req.config)
-                self.decoder.add(row)
+                self._decoder().add(row)
         except Exception as err:  # noqa: BLE001 - this request fails alone, before it takes a slot
             self._end_waiting(req, err)
             return
@@ -256,18 +274,18 @@ class Scheduler:
         if row is None:
             req.end(error)
             return
-        self.preemption.discard(row)
+        self._preemption().discard(row)
         self._drop(row, req, error)
 
     def _drop(self, row: Row, req: Request, error: BaseException | None) -> None:
         self._active.pop(id(row), None)
         try:
-            self.decoder.remove(row)
+            self._decoder().remove(row)
         finally:
             req.end(error, row)
 
     def _step(self) -> None:
-        results = self.decoder.step()
+        results = self._decoder().step()
         self.passes += 1
         now = time.perf_counter()
         for row, tokens, finished in results:
@@ -278,4 +296,4 @@ class Scheduler:
             if tokens:
                 req.emit(tokens)
             if finished:
-                self._drop(row, req, getattr(row, "error", None))
+                self._drop(row, req, row.error)

@@ -1,15 +1,17 @@
 """Many requests decoded in lockstep: each step() runs ONE target pass (plus packed draft passes) for all rows.
 
-A step:
-  1. draft    each decoding row drafts with the free drafters on its own constraint fork; the batch-aware
-              policy (batch_policy.py) sets each row's draft-model length
-  2. prefill  rows reading their prompt get the next chunk within the step's budget (prefill_budget.py); the
-              draft model drafts for all rows in packed passes (proposers/draft_model.py), and a row's draft reads
-              its context the first time the policy gives the row the draft model, up to CATCH_UP tokens a step
-  3. verify   one packed target pass over every row's [last committed token, candidates] and every prefill
-              chunk (packed.py: each row attends to its own KV only, so its logits do not depend on the batch)
-  4. accept   each row accepts its own prefix under its own masks, crops its own cache, commits the target's
-              next token; finished rows leave and free their caches
+A step is plan -> execute -> apply, with frozen records between them (step_plan.py):
+  plan     each decoding row proposes with the free proposers on its own constraint fork; the batch-aware
+           policy (batch_policy.py) trims them and sets each row's draft-model length; rows reading their prompt
+           get the next chunk within the step's budget (prefill_budget.py); the model-step proposer drafts for all
+           rows in packed passes (proposers/draft_model.py), a row's draft reading its context the first time the
+           policy gives the row the draft model, up to CATCH_UP tokens a step; the masks of every position.
+           -> StepPlan
+  execute  one packed target pass over every row's [last committed token, candidates] and every prefill chunk
+           (packed.py: each row attends to its own KV only, so its logits do not depend on the batch) -> StepResult
+  apply    each row accepts its own prefix under its own masks, crops its own cache, commits the target's next
+           token; the policy learns the pass's cost, a finished prompt goes to the prefix cache (kv_reuse.py);
+           finished rows leave and free their caches
 
 Prefill is bounded per step, not per row (admission order): with P prompts being read and D rows decoding, a
 step may last 1 + P/D decode-only steps (measured pass costs), never less than `prefill_chunk` tokens (a long
@@ -26,13 +28,17 @@ on `row.error`; the other rows are untouched.
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time, probe_trimmed
-from specstruct.spec.proposers.draft_model import DraftState, Job, run_drafts
 from specstruct.runtime.kv.layers import SeqKV
+from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time, probe_trimmed
+from specstruct.spec.interfaces import Runtime, Sequence_
+from specstruct.spec.kv_reuse import KVReuse
 from specstruct.spec.prefill_budget import prefill_budget
+from specstruct.spec.proposers.draft_model import DraftState, Job
 from specstruct.spec.row import Row, Step
+from specstruct.spec.speculator import Speculator
+from specstruct.spec.step_plan import Prefill, StepPlan, StepResult, Verify
+
 
 CATCH_UP = 256  # context tokens a draft reads per step when it first drafts for a row (as IDLE_PREFILL)
 
@@ -41,13 +47,14 @@ class BatchDecoder:
     """Decodes many requests in lockstep. `add` admits a row made by `speculator.row(...)`; `step` advances all;
     finished rows leave by themselves, `remove` cancels one."""
 
-    def __init__(self, speculator: Any, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
+    def __init__(self, speculator: Speculator, *, prefill_chunk: int = 32, adaptive_prefill: bool = True):
         self.speculator = speculator
         self.prefill_chunk = max(1, prefill_chunk)  # the per-step prefill budget while rows decode (its floor)
         self.adaptive_prefill = adaptive_prefill  # False: exactly prefill_chunk while rows decode
         self.rows: list[Row] = []
-        model = speculator.drafters.get("model")
-        self.draft = model.runtime if model is not None else None
+        self.proposer = speculator.proposers.batched  # the model-step proposer (the draft model), if any
+        self.draft: Runtime | None = self.proposer.runtime if self.proposer is not None else None
+        self.reuse = KVReuse(speculator, self.draft)  # where a row's KV starts, what the prefix cache keeps
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -58,53 +65,15 @@ class BatchDecoder:
         row.started = time.perf_counter()
         cfg = row.config
         if self.draft is not None and cfg.enable_speculative and cfg.use_draft_model:
-            row.draft_kv = self._draft_start(row)
+            row.draft_kv = self.reuse.draft(row)
         self.rows.append(row)
 
-    def _start(self, row: Row):
+    def _start(self, row: Row) -> Sequence_:
         """The row's target KV sequence, from the longest cached prefix of its prompt. At least the prompt's last
         token always runs: its logits are needed."""
-        seq, row.prefilled = self._cached(row, row.prompt[:-1])
+        seq, row.prefilled = self.reuse.target(row, row.prompt[:-1])
         row.stats.cached_prompt_tokens = row.prefilled
         return seq
-
-    def _cached(self, row: Row, ids: list[int]):
-        """(a new target KV sequence, its length): the longest cached prefix of `ids` when the prefix cache may
-        serve the row (kv/; exact because prefill results do not depend on where a prefix ends), else empty."""
-        rt, cache = self.speculator.target, self.speculator.prefix_cache
-        if cache is None or not cache.enabled or not getattr(rt, "reuses_prefixes", False) \
-                or not row.config.use_prefix_cache:
-            return rt.sequence(), 0
-        return _from_cache(cache, rt, row, ids, lambda layers, n: (rt.sequence(layers, n), n))
-
-    def _draft_start(self, row: Row) -> DraftState:
-        """The row's draft cache: from the longest cached draft prefix of its prompt where reusing it cannot change
-        the output: a greedy row (the draft only proposes; the target alone decides every token), or a draft whose
-        numerics make a cached prefix bitwise a cold one. Else empty: the draft reads the prompt with the target."""
-        if not self._draft_reuses(row):
-            return DraftState(self.draft)
-        return _from_cache(self.speculator.prefix_cache, self.draft, row, row.prompt[:-1],
-                           lambda layers, n: DraftState(self.draft, layers, row.prompt[:n]))
-
-    def _draft_reuses(self, row: Row) -> bool:
-        cache = self.speculator.prefix_cache
-        return (cache is not None and cache.enabled and row.config.use_prefix_cache and getattr(self.draft, "packed", False)
-                and (row.config.temperature <= 0 or self.draft.reuses_prefixes))
-
-    def _remember(self, row: Row) -> None:
-        """Offer a just-prefilled prompt's KV (target, and draft where it read the whole prompt) to the prefix cache
-        (it copies what it keeps)."""
-        rt, cache = self.speculator.target, self.speculator.prefix_cache
-        if cache is not None and cache.enabled and getattr(rt, "reuses_prefixes", False) and row.config.use_prefix_cache:
-            cache.insert((rt.cache_key, row.config.cache_salt), row.prompt, row.kv.views())
-        self._remember_draft(row)
-
-    def _remember_draft(self, row: Row) -> None:
-        """Offer the row's draft KV of its prompt to the draft's prefix cache, once the draft has read it all."""
-        d = row.draft_kv
-        if d is not None and d.tokens[: len(row.prompt)] == row.prompt \
-                and self._draft_reuses(row):
-            self.speculator.prefix_cache.insert((self.draft.cache_key, row.config.cache_salt), row.prompt, d.kv.views())
 
     def remove(self, row: Row) -> None:
         """Cancel (or forget a finished) row: frees its KV caches and constraint state."""
@@ -121,7 +90,8 @@ class BatchDecoder:
         """Take a row out between steps without finishing it: returns what its target and draft caches held
         (token ids and layers) and forgets them here. Its constraint, drafters, generator and stats stay on it."""
         self.rows.remove(row)
-        target = _held(row.kv, (row.prompt + row.token_ids)[: row.kv.length])
+        kv = row.target_kv
+        target = _held(kv, (row.prompt + row.token_ids)[: kv.length])
         d = row.draft_kv
         draft = None if d is None else _held(d.kv, d.tokens[: d.kv.length])
         row.kv = row.draft_kv = None
@@ -135,23 +105,29 @@ class BatchDecoder:
             row.kv = rt.sequence(target.layers, len(target.tokens))
         else:
             row.fill_to = max(len(row.prompt), len(target.tokens))
-            row.kv, row.prefilled = self._cached(row, target.tokens if row.token_ids else row.prompt[:-1])
+            row.kv, row.prefilled = self.reuse.target(row, target.tokens if row.token_ids else row.prompt[:-1])
         if draft is not None:  # lost layers: an empty draft cache, which catches up by itself
-            row.draft_kv = DraftState(self.draft, draft.layers, draft.tokens if draft.layers is not None else ())
+            row.draft_kv = DraftState(self.reuse.draft_runtime(), draft.layers, draft.tokens if draft.layers is not None else ())
         self.rows.append(row)
 
     def _alone(self, row: Row) -> bool:
-        return row.seeded and not self.draft.row_invariant
+        return row.seeded and not self.reuse.draft_runtime().row_invariant
 
     def _fail(self, row: Row, err: BaseException) -> None:
         if not row.finished:
             row.finish("error", err)
 
-    # -- one step -----------------------------------------------------------------------------------------------
+    # -- one step: plan -> execute -> apply ------------------------------------------------------------------
     def step(self) -> list[tuple[Row, list[int], bool]]:
+        """One step for every row: (row, tokens it committed, whether it finished) per row, finished rows gone."""
+        plan = self.plan()
+        return self.apply(plan, self.execute(plan))
+
+    def plan(self) -> StepPlan:
+        """Propose (free proposers per row, then the model-step proposer for all), size the batch, choose the prefill
+        chunks and compute the masks: the step's plan. A row whose proposing fails is finished here, alone."""
         t0 = time.perf_counter()
         rows = list(self.rows)
-        out: dict[int, list[int]] = {id(r): [] for r in rows}
         decoding = [r for r in rows if not r.prefilling]
         steps: dict[int, Step] = {}
         for r in decoding:
@@ -167,24 +143,65 @@ class BatchDecoder:
         fed = sum(1 + len(steps[id(r)].cands) for r in live) + sum(ks)  # at most what they feed the target
         chunks = self._chunks([r for r in rows if r.prefilling], len(live), fed)
         drafted = self._draft_model(live, steps, demands, ks)
-        masks = {}
+        verify = []
         for r in decoding:
             if id(r) in steps and not r.finished:
+                s = steps[id(r)]
                 try:
-                    masks[id(r)] = r.masks(steps[id(r)])
+                    masks = r.masks(s)
                 except Exception as err:
                     self._fail(r, err)
-        verifying = [r for r in decoding if id(r) in masks]
-        self._target_pass(verifying, steps, masks, chunks, out)
-        if len(rows) == 1 and verifying and rows[0].config.enable_speculative:  # a lone row's seconds are its own
-            r = rows[0]
-            r.policy.observe_step(r.constraint.mode, id(r) in drafted, len(out[id(r)]), time.perf_counter() - t0)
-        result = []
-        for r in rows:
+                    continue
+                verify.append(Verify(r, r.target_kv, (r.token_ids[-1], *s.cands), tuple(masks), s.proposal(),
+                                     with_model=id(r) in drafted))
+        prefill = [Prefill(r, r.target_kv, tuple(c), 1 if r.prefilled + len(c) == r.fill_to and not r.token_ids else 0)
+                   for r, c in chunks]  # keep 0 on a re-prefill: its logits are not needed
+        return StepPlan(tuple(rows), tuple(verify), tuple(prefill), started=t0)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """The plan's one packed target pass (each row attends to its own KV only); reads nothing but the plan."""
+        if not plan.entries:
+            return StepResult()
+        t0 = time.perf_counter()
+        try:
+            logits = self.speculator.target.forward(plan.segments(), plan.keep(), plan.masks())
+        except Exception as err:
+            return StepResult(seconds=time.perf_counter() - t0, error=err)
+        return StepResult(tuple(logits), time.perf_counter() - t0)
+
+    def apply(self, plan: StepPlan, result: StepResult) -> list[tuple[Row, list[int], bool]]:
+        """The pass's outcome, in one place: prefill progress and the prefix cache, acceptance and commits, the
+        policy's costs and a lone row's step time, stats; finished rows leave. Returns (row, tokens, finished)."""
+        out: dict[int, list[int]] = {id(r): [] for r in plan.rows}
+        members = [e.row for e in plan.entries]
+        if result.error is not None:  # every row in the pass has a half-written cache now
+            for r in members:
+                self._fail(r, result.error)
+        elif plan.entries:
+            self.speculator.policy.observe_cost("target", plan.tokens, result.seconds)
+            for e, lg in zip(plan.entries, result.logits):
+                r = e.row
+                r.saw_pass(len(members), result.seconds)
+                try:
+                    if isinstance(e, Prefill):
+                        r.prefilled += len(e.feed)
+                        if not r.prefilling and not r.token_ids:
+                            self.reuse.remember(r)
+                            out[id(r)] += r.after_prefill(lg[-1])
+                    else:
+                        r.stats.verify_time_s += result.seconds
+                        out[id(r)] += r.verify(e.proposal, lg, list(e.masks))
+                except Exception as err:
+                    self._fail(r, err)
+        if len(plan.rows) == 1 and plan.verify and plan.rows[0].config.enable_speculative:  # a lone row's seconds
+            r, e = plan.rows[0], plan.verify[0]  # are its own
+            r.policy.observe_step(r.constraint.mode, e.with_model, len(out[id(r)]), time.perf_counter() - plan.started)
+        done = []
+        for r in plan.rows:
             if r.finished:
                 self.remove(r)
-            result.append((r, out[id(r)], r.finished))
-        return result
+            done.append((r, out[id(r)], r.finished))
+        return done
 
     def _chunks(self, prefilling: list[Row], decoding: int, fed: int) -> list[tuple[Row, list[int]]]:
         budget = self.prefill_chunk if decoding and not self.adaptive_prefill else prefill_budget(
@@ -201,7 +218,8 @@ class BatchDecoder:
     def _size_free(self, decoding: list[Row], steps: dict[int, Step]) -> None:
         """In a pass of several rows, keep the free candidates that raise the batch's expected tokens per second
         (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
-        chains = [steps[id(r)].rates(r.policy, r.constraint.mode, r.config.adaptive_threshold) for r in decoding]
+        chains = [r.policy.candidate_rates(r.constraint.mode, steps[id(r)].segments, r.config.adaptive_threshold)
+                  for r in decoding]
         keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
         shared = [i for i, r in enumerate(decoding) if r.policy is self.speculator.policy]  # not a seeded row's own
         probed = probe_trimmed(self.speculator.policy,
@@ -229,52 +247,57 @@ class BatchDecoder:
         for r in decoding:
             s = steps[id(r)]
             if r.draft_kv is not None and (s.model_room > 0 or s.arbitrates(r.config)):
-                rate = r.policy.rate[(r.constraint.mode, "model")]
+                rate = r.policy.model_rate(r.constraint.mode)
                 rate = r.config.adaptive_threshold if rate is None else rate
                 demands.append(Demand(1 + len(s.cands), s.model_room, rate, fixed=r.seeded))
             else:
                 demands.append(Demand(1 + len(s.cands), 0, 0.0))
         return demands, allocate(self.speculator.policy, demands) if any(d.limit for d in demands) else [0] * len(demands)
 
-    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands, ks) -> set[int]:
-        """Run the draft model for the rows the policy gave it; returns their ids."""
-        if self.draft is None:
+    def _draft_model(self, decoding: list[Row], steps: dict[int, Step], demands: list[Demand],
+                     ks: list[int]) -> set[int]:
+        """Run the model-step proposer for the rows the policy gave it; returns their ids."""
+        proposer = self.proposer
+        if proposer is None:
             return set()
         jobs: dict[int, Job] = {}
         for r, d, k in zip(decoding, demands, ks):
-            s = steps[id(r)]
+            s, state = steps[id(r)], r.draft_kv
             forced = r.config.use_forced_text
-            if r.draft_kv is not None and s.arbitrates(r.config):  # the draft arbitrates the free candidates, and drafts
-                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
+            if state is None:
+                continue
+            if s.arbitrates(r.config):  # the draft arbitrates the free candidates, and drafts
+                jobs[id(r)] = Job(state, r.prompt + r.token_ids, r.constraint.fork(), k, 0.0, r.generator,
                                   hint=list(s.cands), limit=s.model_limit, forced=forced,  # in the room it frees
                                   confidence=r.config.draft_confidence)
             elif d.limit and k > 0:
-                jobs[id(r)] = Job(r.draft_kv, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
+                jobs[id(r)] = Job(state, r.prompt + r.token_ids + s.cands, s.fork, k, r.config.temperature,
                                   r.generator, alone=self._alone(r), forced=forced,
                                   confidence=r.config.draft_confidence)
         for r in decoding:  # a draft asked for the first time reads the row's context first, a chunk per step
-            if id(r) in jobs and len(jobs[id(r)].context) - len(r.draft_kv.tokens) > CATCH_UP:
-                rest = r.draft_kv.feed_for(r.prompt + r.token_ids)  # what its cache lacks (it keeps what is right)
+            job = jobs.get(id(r))
+            if job is not None and len(job.context) - len(job.state.tokens) > CATCH_UP:
+                rest = job.state.feed_for(r.prompt + r.token_ids)  # what its cache lacks (it keeps what is right)
                 if len(rest) > CATCH_UP:
-                    jobs[id(r)] = Job(r.draft_kv, rest[:CATCH_UP], None, 0, 0.0, None, alone=self._alone(r),
+                    jobs[id(r)] = Job(job.state, rest[:CATCH_UP], None, 0, 0.0, None, alone=self._alone(r),
                                       feed_only=True)
         if not jobs:
             return set()
-        unread = [r for r in decoding if id(r) in jobs and len(r.draft_kv.tokens) < len(r.prompt)]
+        unread = [r for r in decoding if id(r) in jobs and len(jobs[id(r)].state.tokens) < len(r.prompt)]
         costs: list[tuple[int, float]] = []
         t0 = time.perf_counter()
         try:
-            run_drafts(self.draft, list(jobs.values()), self.speculator.eos, costs)
+            proposer.propose_batch(list(jobs.values()), costs)
         except Exception as err:  # the draft pass itself failed: its rows' draft caches are unusable
             for r in decoding:
                 if id(r) in jobs:
                     self._fail(r, err)
             return set(jobs)
         dt = time.perf_counter() - t0
-        for rows, s in costs:
-            self.speculator.policy.observe_cost("draft", rows, s)
+        for rows, seconds in costs:
+            self.speculator.policy.observe_cost("draft", rows, seconds)
         for r in unread:  # the draft has read the prompt now: the prefix cache may keep it
-            self._remember_draft(r)
+            self.reuse.remember_draft(r)
         for r in decoding:
             j = jobs.get(id(r))
             if j is None:
@@ -284,58 +307,10 @@ class BatchDecoder:
                 self._fail(r, j.error)
                 continue
             if j.hint:
-                steps[id(r)].keep_free(j.hint_kept, j.fork, r.stats)
+                steps[id(r)].keep_free(j.hint_kept, j.legal(), r.stats)
             steps[id(r)].add_runs(j.tokens, j.runs, j.qs)
         return set(jobs)
 
-    def _target_pass(self, verifying: list[Row], steps, masks, chunks, out) -> None:
-        segs, keep, row_masks = [], [], []
-        for r in verifying:
-            feed = [r.token_ids[-1]] + steps[id(r)].cands
-            segs.append((r.kv, feed))
-            keep.append(len(feed))
-            row_masks.append(masks[id(r)])  # the target needs only the logits each position's mask allows
-        for r, c in chunks:
-            segs.append((r.kv, c))
-            keep.append(1 if r.prefilled + len(c) == r.fill_to and not r.token_ids else 0)  # a re-prefill: none
-            row_masks.append(None)
-        if not segs:
-            return
-        members = verifying + [r for r, _ in chunks]
-        t0 = time.perf_counter()
-        try:
-            logits = self.speculator.target.forward(segs, keep, row_masks)
-        except Exception as err:  # every row in the pass has a half-written cache now
-            for r in members:
-                self._fail(r, err)
-            return
-        dt = time.perf_counter() - t0
-        total = sum(len(f) for _, f in segs)
-        self.speculator.policy.observe_cost("target", total, dt)
-        for r, lg in zip(members, logits):
-            r.saw_pass(len(members), dt)
-            try:
-                if r.prefilling:
-                    r.prefilled += len(segs[members.index(r)][1])
-                    if not r.prefilling and not r.token_ids:
-                        self._remember(r)
-                        out[id(r)] += r.after_prefill(lg[-1])
-                else:
-                    r.stats.verify_time_s += dt
-                    out[id(r)] += r.verify(steps[id(r)], lg, masks[id(r)])
-            except Exception as err:
-                self._fail(r, err)
 
-
-def _held(seq, tokens: list[int]) -> SeqKV:
+def _held(seq: Sequence_, tokens: list[int]) -> SeqKV:
     return SeqKV(list(tokens), seq.layers() if seq.length else None)
-
-
-def _from_cache(cache, rt, row: Row, ids: list[int], build):
-    """`build(layers, n)` from the longest prefix of `ids` in `rt`'s namespace of the prefix cache (n may be 0,
-    layers then None). `build` must copy the layers: the cache's spans are free to move once the hit is released."""
-    hit = cache.lookup((rt.cache_key, row.config.cache_salt), ids)
-    try:
-        return build(hit.layers if hit.tokens else None, hit.tokens)
-    finally:
-        hit.release()

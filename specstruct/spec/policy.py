@@ -28,10 +28,12 @@ pass, the draft model measured slower, forced tokens included; docs/benchmarks.m
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Iterable
 
 from specstruct.config import SpecConfig
 from specstruct.constraints.base import Mode
-from specstruct.spec.interfaces import Plan
+from specstruct.spec.interfaces import Plan, Sizing, Traits
+from specstruct.spec.proposers.registry import TRAITS
 
 EMA = 0.3  # weight of the newest observation in the moving averages
 PRIOR_VERIFY_SLOPE = 0.07  # prior T(r)/T(1) - 1 per extra row (oneDNN float32 on 2 AVX2 cores)
@@ -43,9 +45,6 @@ ARM_TOKENS = 24  # output tokens measured with and without the draft model befor
 ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of each arm
 ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
 PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
-ORDER = ("forced", "lookup", "guess", "model")  # candidates are concatenated in this order
-SWITCH = {"forced": "use_forced_text", "lookup": "use_prompt_lookup", "guess": "use_structure_guesses",
-          "model": "use_draft_model"}
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -53,6 +52,11 @@ def expected_tokens(a: float, k: int) -> float:
     if a >= 1.0:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def _sizing(name: str) -> Sizing:
+    t = TRAITS.get(name)
+    return Sizing.LEARNED if t is None else t.sizing
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -65,10 +69,13 @@ class AdaptivePolicy:
     One policy is shared by an engine's requests (what it learns: acceptance, costs); each request plans and learns
     with its own config, passed to `plan` and `observe` (the engine's `config` when none is given)."""
 
-    def __init__(self, config: SpecConfig, available: set[str], use_timing: bool = True):
+    def __init__(self, config: SpecConfig, available: Iterable[str], use_timing: bool = True):
         self.config = config  # the engine's: used by calls that pass none
         self.use_timing = use_timing  # False: plans depend only on acceptance, so seeded sampling reproduces
-        self.available = [d for d in ORDER if d in available]
+        names = set(available)
+        self.available: list[Traits] = [t for t in TRAITS.values() if t.name in names]  # in order
+        # the model-step proposer the cost model weighs (its name keys its rate), if one is available
+        self.model: str | None = next((t.name for t in self.available if t.model_step), None)
         self.k: dict[tuple[Mode, str], int] = {}
         self.rate: dict[tuple[Mode, str], float | None] = defaultdict(lambda: None)
         self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
@@ -90,25 +97,22 @@ class AdaptivePolicy:
         if not cfg.enable_speculative or cap <= 0:
             return Plan(k=0)
         limits: dict[str, int] = {}
-        for name in self.available:
-            if not getattr(cfg, SWITCH[name]):
+        for t in self.available:
+            if not getattr(cfg, t.switch):
                 continue
-            if name in ("forced", "guess"):
-                limits[name] = cap
-            else:
-                limits[name] = self._limit(mode, name, cap, cfg, alone)
-        drafters = [d for d in ORDER if limits.get(d, 0) > 0]
+            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone)
+        drafters = [t.name for t in self.available if limits.get(t.name, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
-    def _limit(self, mode: Mode, name: str, cap: int, cfg: SpecConfig, alone: bool = True) -> int:
-        key = (mode, name)
-        if name == "lookup":
+    def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True) -> int:
+        key = (mode, t.name)
+        if t.sizing is Sizing.COPY:
             best = self.lookup_k(mode, cap)
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
-            if name == "model" and self.use_timing and not self._model_arm(mode, alone):
+            if t.model_step and self.use_timing and not self._model_arm(mode, alone):
                 return 0
-            if name != "model" or k == 0 or not self.costs_measured():
+            if not t.model_step or k == 0 or not self.costs_measured():
                 return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
             best = self.best_k(mode, k, cfg.adaptive_threshold)
         if best == 0:
@@ -121,7 +125,7 @@ class AdaptivePolicy:
     def best_k(self, mode: Mode, k_max: int, threshold: float | None = None) -> int:
         """The draft length in 0..k_max that maximises expected tokens per second (acceptance `threshold`, by
         default the engine's, until one is measured)."""
-        a = self.rate[(mode, "model")]
+        a = self.model_rate(mode)
         if a is None:
             a = self.config.adaptive_threshold if threshold is None else threshold
         c = self.cost_ratio()
@@ -131,6 +135,23 @@ class AdaptivePolicy:
             if rate > best_rate * 1.02:  # ask for a clear gain, not noise
                 best, best_rate = k, rate
         return best
+
+    def model_rate(self, mode: Mode) -> float | None:
+        """The model-step proposer's measured acceptance rate in `mode` (None before it was measured)."""
+        return self.rate[(mode, self.model)] if self.model is not None else None
+
+    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float) -> list[float]:
+        """Per candidate of a step (`segments`: (proposer, count) in order), its proposer's acceptance rate as
+        measured (`default` before it was): a copy's first token is a guess, the rest a copy (lookup_rates)."""
+        out: list[float] = []
+        for name, count in segments:
+            if _sizing(name) is Sizing.COPY:
+                first, copy = self.lookup_rates(mode)
+                out += [first] + [copy] * (count - 1)
+                continue
+            rate = self.rate[(mode, name)]
+            out += [default if rate is None else rate] * count
+        return out
 
     def lookup_rates(self, mode: Mode) -> tuple[float, float]:
         """Prompt lookup's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
@@ -225,7 +246,8 @@ class AdaptivePolicy:
         draft's 0.9 as about 0.6). Grow the drafter's length while it stays above the threshold, shrink below."""
         if proposed <= 0:
             return
-        if drafter == "lookup":  # a guess, then a copy: two rates (lookup_k)
+        sizing = _sizing(drafter)
+        if sizing is Sizing.COPY:  # a guess, then a copy: two rates (lookup_k)
             p, a = self.lookup_rates(mode)
             p = _ema(p, float(accepted > 0))
             if accepted and proposed > 1:
@@ -239,7 +261,7 @@ class AdaptivePolicy:
         prior = self.rate[key] if self.rate[key] is not None else cfg.adaptive_threshold
         rate = _ema(prior, accepted / proposed)
         self.rate[key] = rate
-        if drafter in ("forced", "guess"):
+        if sizing is Sizing.CAP:
             return
         cap = cfg.cap(mode)
         k = self.k.get(key, cfg.initial_candidates)

@@ -8,18 +8,23 @@ everything that is per request: constraint state, policy and acceptance history,
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from specstruct.config import SpecConfig
-from specstruct.constraints.base import finished
+from specstruct.constraints.base import Constraint, Mode, finished
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
-from specstruct.spec.interfaces import Constraint
+from specstruct.spec.interfaces import Plan, Sequence_
 from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.proposers.draft_model import DraftState
+from specstruct.spec.step_plan import Proposal
 from specstruct.spec.stops import IncrementalText, StopScanner
 from specstruct.spec.verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
+
+if TYPE_CHECKING:
+    from specstruct.spec.speculator import Speculator
 
 
 class _Timed:
@@ -27,6 +32,23 @@ class _Timed:
 
     def __init__(self, inner: Constraint, stats: Stats):
         self.inner, self.stats = inner, stats
+        self.mode: Mode = inner.mode
+        self.vocab_size: int = inner.vocab_size
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        return self.inner.advance(tokens)
+
+    def rollback(self, n: int) -> None:
+        self.inner.rollback(n)
+
+    def forced_text(self) -> str:
+        return self.inner.forced_text()
+
+    def is_final(self) -> bool:
+        return self.inner.is_final()
+
+    def accepts(self, text: str) -> bool:
+        return self.inner.accepts(text)
 
     def mask(self) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -37,7 +59,7 @@ class _Timed:
     def fork(self) -> "_Timed":
         return _Timed(self.inner.fork(), self.stats)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:  # a backend's own extras (a JSON schema's `keys`)
         return getattr(self.inner, name)
 
 
@@ -56,7 +78,7 @@ class Row:
     """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
     (the exception that failed it, else None) and `stats`."""
 
-    def __init__(self, speculator: Any, prompt: list[int], constraint: Constraint, config: SpecConfig):
+    def __init__(self, speculator: Speculator, prompt: list[int], constraint: Constraint, config: SpecConfig):
         self.speculator, self.prompt, self.config = speculator, prompt, config
         self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=speculator.numerics)
         self.constraint = _Timed(constraint, self.stats)
@@ -72,15 +94,22 @@ class Row:
         self.policy = AdaptivePolicy(config, set(speculator.drafters), use_timing=False) if self.seeded else speculator.policy
         self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
-        self.kv = None  # the target KV sequence, made on admission
-        self.draft_kv = None  # the draft model's (draft_model.DraftState), when one drafts for this row
+        self.kv: Sequence_ | None = None  # the target KV sequence, made on admission
+        self.draft_kv: DraftState | None = None  # the draft model's, when one drafts for this row
         self.prefilled = 0  # positions in the target cache (prefill and, after a lost spill, its re-prefill)
         self.fill_to = len(prompt)  # positions to prefill before decoding (more to re-prefill committed tokens)
         self.started = self.last_pass = 0.0
         self.passes = self.rows_seen = 0
 
     # -- helpers ----------------------------------------------------------------------------------------------
-    def _plan(self, alone: bool = True):
+    @property
+    def target_kv(self) -> Sequence_:
+        """The target KV sequence of an admitted row."""
+        if self.kv is None:
+            raise RuntimeError("internal error: the row has no KV sequence (not admitted, paused or removed)")
+        return self.kv
+
+    def _plan(self, alone: bool = True) -> Plan:
         return self.policy.plan(self.constraint.mode, self.config, alone)
 
     @staticmethod
@@ -183,15 +212,17 @@ class Row:
         `alone`: the row has this pass to itself."""
         plan = self._plan(alone)
         budget = min(self.config.max_new_tokens - len(self.token_ids) - 1, plan.k)  # the pass adds one token
-        step = Step(self.constraint.fork(), budget, plan.limits.get("model", 0) if "model" in plan.drafters else 0)
+        batched = self.speculator.proposers.batched  # the model-step proposer: the batch runs it after these
+        model = plan.limits.get(batched.name, 0) if batched is not None and batched.name in plan.drafters else 0
+        step = Step(self.constraint.fork(), budget, model)
         context = self.prompt + self.token_ids
         t0 = time.perf_counter()
         for name in plan.drafters:
             room = min(plan.limits.get(name, 0), budget - len(step.cands))
-            if name == "model" or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
+            drafter = self.speculator.proposers.free.get(name)
+            if drafter is None or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
-            drafter = self.speculator.drafters[name]
-            text = self._context_text(step.cands) if drafter.reads_text else None
+            text = self._context_text(step.cands) if drafter.traits.reads_text else None
             d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text,
                                 room=budget - len(step.cands))
             step.add(name, d.tokens, d.q)
@@ -220,20 +251,20 @@ class Row:
             masks.append(fork.mask())
         return masks
 
-    def verify(self, step: "Step", logits: torch.Tensor, masks: list[torch.Tensor]) -> list[int]:
+    def verify(self, step: Proposal, logits: torch.Tensor, masks: list[torch.Tensor]) -> list[int]:
         """Accept the longest agreed prefix of the candidates, then commit the target's next token."""
-        cfg, st, cands = self.config, self.stats, step.cands
+        cfg, st, cands = self.config, self.stats, list(step.tokens)
         if cfg.temperature > 0:
             p = torch.stack([distribution(logits[i], masks[i], cfg.temperature, cfg.top_p)
                              for i in range(len(cands) + 1)])
-            n, pending = verify_sampling(p, step.qs, cands, self.generator)
+            n, pending = verify_sampling(p, list(step.qs), cands, self.generator)
         else:
             n, pending = verify_greedy(logits, masks, cands)
         st.k_histogram[len(cands)] = st.k_histogram.get(len(cands), 0) + 1
         st.drafted += len(cands)
         st.accepted += n
-        self._record(step.segments, n)
-        self.kv.crop(len(self.prompt) + len(self.token_ids) + n)
+        self._record(list(step.segments), n)
+        self.target_kv.crop(len(self.prompt) + len(self.token_ids) + n)
         accepted = cands[:n]
         ends = bool(accepted) and accepted[-1] in self.speculator.eos  # drafted EOS accepted: the output ends here
         if ends:
@@ -265,7 +296,7 @@ class Row:
 class Step:
     """A row's candidates for one pass: tokens, their drafters' distributions, which drafter made which."""
 
-    def __init__(self, fork, budget: int, model_room: int):
+    def __init__(self, fork: Constraint, budget: int, model_room: int):
         self.fork, self.budget, self.model_room = fork, budget, model_room
         self.model_limit = model_room  # the policy's draft-model length, before free candidates took room
         self.cands: list[int] = []
@@ -276,7 +307,7 @@ class Step:
         """The draft model arbitrates the free candidates (greedy, planned, switched on)."""
         return bool(self.cands) and self.model_limit > 0 and config.temperature <= 0 and config.draft_arbitration
 
-    def keep_free(self, kept: int, fork, stats: Stats) -> None:
+    def keep_free(self, kept: int, fork: Constraint, stats: Stats) -> None:
         """After draft arbitration: keep only the first `kept` free candidates (the draft overruled the rest, which
         are counted per drafter); `fork` is the constraint positioned after what the draft proposes."""
         offset = 0
@@ -287,7 +318,7 @@ class Step:
             offset += count
         self.trim(kept, fork)
 
-    def trim(self, kept: int, fork) -> None:
+    def trim(self, kept: int, fork: Constraint) -> None:
         """Keep only the first `kept` candidates; `fork` is the constraint positioned after what is kept (or after
         what the draft model goes on to propose from there)."""
         offset, segments = 0, []
@@ -300,28 +331,23 @@ class Step:
             self.cands, self.qs, self.segments = self.cands[:kept], self.qs[:kept], segments
         self.fork = fork
 
-    def rates(self, policy, mode, default: float) -> list[float]:
-        """Per candidate, its drafter's acceptance rate as the policy measured it (`default` before it has)."""
-        out: list[float] = []
-        for name, count in self.segments:
-            if name == "lookup":  # a guess, then a copy
-                first, copy = policy.lookup_rates(mode)
-                out += [first] + [copy] * (count - 1)
-                continue
-            rate = policy.rate[(mode, name)]
-            out += [default if rate is None else rate] * count
-        return out
+    def proposal(self) -> Proposal:
+        """What was proposed, frozen for the step plan."""
+        return Proposal(tuple(self.cands), tuple(self.qs), tuple(self.segments))
 
-    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list) -> None:
-        """The draft model's tokens and the forced tokens between them, in order (q per model token if sampling)."""
+    def add_runs(self, tokens: list[int], runs: list[tuple[str, int]], qs: list[torch.Tensor | None]) -> None:
+        """The draft model's tokens and the forced tokens between them, in order (`qs`: q per token if sampling,
+        None for a forced one)."""
         at = 0
         for name, n in runs:
-            q = qs[at : at + n] if name == "model" and qs else None
-            self.add(name, tokens[at : at + n], torch.stack(q) if q else None)
+            self._extend(name, tokens[at : at + n], qs[at : at + n] if qs else [None] * n)
             at += n
 
     def add(self, name: str, tokens: list[int], q: torch.Tensor | None) -> None:
+        self._extend(name, tokens, [None] * len(tokens) if q is None else list(q))
+
+    def _extend(self, name: str, tokens: list[int], qs: list[torch.Tensor | None]) -> None:
         if tokens:
             self.cands += tokens
-            self.qs += [None] * len(tokens) if q is None else list(q)
+            self.qs += qs
             self.segments.append((name, len(tokens)))

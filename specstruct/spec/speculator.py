@@ -16,14 +16,16 @@ way (greedy: token for token; sampling: in distribution).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
-from specstruct.spec.proposers import DraftModelDrafter, ForcedTextDrafter, PromptLookupDrafter, StructureGuessDrafter
-from specstruct.spec.proposers.draft_model import step_seconds
-from specstruct.spec.interfaces import Constraint, Drafter, Policy, Runtime
+from specstruct.runtime.model_runtime import ModelRuntime
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Proposer, Runtime, Setup
 from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.proposers.draft_model import step_seconds
+from specstruct.spec.proposers.registry import Proposers, build
 from specstruct.spec.row import Row
 
 
@@ -33,7 +35,7 @@ class Speculator:
     def __init__(
         self,
         target: Runtime,
-        tokenizer,
+        tokenizer: Any,
         eos_token_ids: Sequence[int],
         draft: Runtime | None = None,
         config: SpecConfig | None = None,
@@ -43,15 +45,14 @@ class Speculator:
         self.prefix_cache = prefix_cache  # both models' cached prompt prefixes (namespaced by model and numerics)
         self.tokenizer = tokenizer
         self.eos = set(int(e) for e in eos_token_ids)
-        self.drafters: dict[str, Drafter] = {"forced": ForcedTextDrafter(tokenizer), "lookup": PromptLookupDrafter(tokenizer),
-                                             "guess": StructureGuessDrafter(tokenizer)}
-        if draft is not None:
-            self.drafters["model"] = DraftModelDrafter(draft, self.eos)
-        self.policy: Policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
-        self.numerics = target.numerics
+        self.proposers: Proposers = build(Setup(tokenizer, frozenset(self.eos), draft))  # proposers/registry.py
+        self.drafters: dict[str, Proposer] = self.proposers.all()  # by name (statistics, benchmarks)
+        self.policy = AdaptivePolicy(config or SpecConfig(), set(self.drafters))
+        self.numerics: str = target.numerics
         if draft is not None:
             self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
-            self.numerics += f"; draft: {getattr(draft.model, '_specstruct_draft_numerics', draft.numerics)}"
+            own = getattr(draft.model, "_specstruct_draft_numerics", None) if isinstance(draft, ModelRuntime) else None
+            self.numerics += f"; draft: {own or draft.numerics}"
 
     def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:
         """One request, ready for `BatchDecoder.add`."""

@@ -22,3 +22,23 @@ def test_mypy_is_clean_at_the_seams():
     assert Path(mypy).exists(), "mypy is not installed: pip install -e '.[test]' (it is a test dependency)"
     done = subprocess.run([str(mypy)], cwd=ROOT, capture_output=True, text=True)  # the files of [tool.mypy]
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# Ceilings on the escapes from the type checker, package-wide (the counts of the grep commands). Each sits a
+# little above the count when it was set (`Any`: 842, getattr/hasattr: 161), for code landing in parallel; lower
+# them as the counts fall, never raise them.
+MAX_ANY = 880
+MAX_GETATTR = 200
+
+
+def _count(pattern: str) -> int:
+    import re
+
+    words = re.compile(pattern)
+    return sum(len(words.findall(p.read_text())) for p in (ROOT / "specstruct").rglob("*.py"))
+
+
+def test_any_and_getattr_do_not_grow():
+    uses_any, reflection = _count(r"\bAny\b"), _count(r"\b(?:getattr|hasattr)\(")
+    assert uses_any <= MAX_ANY, f"{uses_any} uses of Any (at most {MAX_ANY}): type the new code"
+    assert reflection <= MAX_GETATTR, f"{reflection} getattr/hasattr calls (at most {MAX_GETATTR}): declare what you read"

@@ -29,27 +29,38 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
-from specstruct.runtime.model_runtime import ModelRuntime
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Runtime, Sequence_, Setup, Sizing, Traits
+from specstruct.spec.proposers.forced import ForcedTextDrafter
 from specstruct.spec.verify import distribution, greedy_token, sample
 
+FORCED = ForcedTextDrafter.name  # the tokens a draft appends without a draft pass count as forced text
 
 
 class DraftModelDrafter:
-    """The draft model among the proposers: names it for the policy ("model") and holds its runtime. Unlike forced
-    text and prompt lookup it proposes for every row of a batch at once (`run_drafts` below)."""
+    """The draft model among the proposers: a model-step proposer (its length is cost-gated by the policy) that
+    proposes for every row of a batch at once (`propose_batch`, packed passes of its own runtime)."""
 
-    name = "model"
+    traits = Traits("model", switch="use_draft_model", sizing=Sizing.LEARNED, model_step=True)
+    name = traits.name
 
-    def __init__(self, runtime: ModelRuntime, eos_token_ids: Sequence[int] = ()):
+    @classmethod
+    def create(cls, setup: Setup) -> "DraftModelDrafter | None":
+        return None if setup.draft is None else cls(setup.draft, setup.eos)
+
+    def __init__(self, runtime: Runtime, eos_token_ids: Iterable[int] = ()):
         self.runtime = runtime
         self.eos = set(eos_token_ids)
 
+    def propose_batch(self, jobs: Sequence["Job"], costs: list[tuple[int, float]]) -> None:
+        run_drafts(self.runtime, list(jobs), self.eos, costs)
 
-def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
+
+def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
     """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
     moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
     decides whether a lone row tries the draft at all)."""
@@ -68,8 +79,8 @@ def step_seconds(runtime: ModelRuntime, repeats: int = 5) -> float:
 class DraftState:
     """What one row's draft cache holds."""
 
-    def __init__(self, runtime: ModelRuntime, layers: list | None = None, tokens: Sequence[int] = ()):
-        self.kv = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
+    def __init__(self, runtime: Runtime, layers: list[Any] | None = None, tokens: Sequence[int] = ()):
+        self.kv: Sequence_ = runtime.sequence(layers, len(tokens)) if tokens else runtime.sequence()  # a cached prefix: copied
         self.tokens: list[int] = list(tokens)
 
     def feed_for(self, context: Sequence[int]) -> list[int]:
@@ -89,7 +100,7 @@ class Job:
 
     state: DraftState
     context: list[int]
-    fork: object
+    fork: Constraint | None
     k: int
     temperature: float
     generator: torch.Generator | None
@@ -103,13 +114,19 @@ class Job:
     stopped: bool = False
     tokens: list[int] = field(default_factory=list)
     qs: list[torch.Tensor | None] = field(default_factory=list)  # when sampling: q per token (None: forced)
-    runs: list[tuple[str, int]] = field(default_factory=list)  # ("model" | "forced", count) in token order
+    runs: list[tuple[str, int]] = field(default_factory=list)  # (proposer name, count) in token order
     error: BaseException | None = None
 
-    def _append(self, name: str, tokens: list[int], q: torch.Tensor | None = None) -> None:
+    def legal(self) -> Constraint:
+        """The constraint fork it drafts under (a feed-only job has none: it drafts nothing)."""
+        if self.fork is None:
+            raise RuntimeError("internal error: a feed-only draft job was asked for its constraint")
+        return self.fork
+
+    def _append(self, name: str, tokens: list[int], qs: Sequence[torch.Tensor | None]) -> None:
         self.tokens += tokens
         if self.temperature > 0:
-            self.qs += [q] if name == "model" else [None] * len(tokens)
+            self.qs += list(qs)
         if self.runs and self.runs[-1][0] == name:
             self.runs[-1] = (name, self.runs[-1][1] + len(tokens))
         else:
@@ -121,7 +138,7 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
     return ([shared] if shared else []) + [[j] for j in jobs if j.alone]
 
 
-def run_drafts(runtime: ModelRuntime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
+def run_drafts(runtime: Runtime, jobs: list[Job], eos: set[int], costs: list[tuple[int, float]]) -> None:
     """Fill each job's tokens (and q when sampling). Appends (rows, seconds) of each one-token pass to `costs`."""
     feeds = {id(j): (j.context if j.feed_only else j.state.feed_for(j.context) + j.hint) for j in jobs}
     live = [j for j in jobs if feeds[id(j)] and (j.feed_only or j.k > 0 or j.hint)]
@@ -154,8 +171,8 @@ def _arbitrate(job: Job, logits: torch.Tensor) -> int:
     kept = 0
     try:
         for i, x in enumerate(job.hint):
-            mask = job.fork.mask()
-            if greedy_token(logits[i, : mask.shape[0]], mask) != x or job.fork.advance([x]) != 1:
+            mask = job.legal().mask()
+            if greedy_token(logits[i, : mask.shape[0]], mask) != x or job.legal().advance([x]) != 1:
                 break
             kept += 1
     except Exception as err:  # a broken constraint fails its own row only
@@ -171,13 +188,13 @@ def _arbitrate(job: Job, logits: torch.Tensor) -> int:
 def _take(job: Job, logits: torch.Tensor) -> bool:
     """Append the next draft token chosen under the fork's mask; False when the constraint refuses it."""
     try:
-        mask = job.fork.mask()
+        mask = job.legal().mask()
         if job.temperature > 0:
             q = distribution(logits[: mask.shape[0]], mask, job.temperature)
             t = sample(q, job.generator)
         else:
             q, t = None, greedy_token(logits[: mask.shape[0]], mask)
-        if job.fork.advance([t]) != 1:
+        if job.legal().advance([t]) != 1:
             return False
         if job.confidence > 0:  # the draft doubts this token: verify what it has rather than draft on
             p = q[t] if q is not None else _probability(logits[: mask.shape[0]], mask, t)
@@ -185,7 +202,7 @@ def _take(job: Job, logits: torch.Tensor) -> bool:
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
         return False
-    job._append("model", [t], q)
+    job._append(DraftModelDrafter.name, [t], [q])
     return True
 
 
@@ -200,12 +217,12 @@ def _forced(job: Job, eos: set[int]) -> list[int]:
     ids: list[int] = []
     try:
         while job.forced and len(job.tokens) + len(ids) < job.k:
-            allowed = job.fork.mask().nonzero()
-            if allowed.shape[0] != 1 or int(allowed[0]) in eos or job.fork.advance([int(allowed[0])]) != 1:
+            allowed = job.legal().mask().nonzero()
+            if allowed.shape[0] != 1 or int(allowed[0]) in eos or job.legal().advance([int(allowed[0])]) != 1:
                 break
             ids.append(int(allowed[0]))
     except Exception as err:  # a broken constraint fails its own row only
         job.error = err
     if ids:
-        job._append("forced", ids)
+        job._append(FORCED, ids, [None] * len(ids))
     return ids

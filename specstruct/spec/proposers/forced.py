@@ -7,16 +7,21 @@ The forced text is usually not a forced *token sequence* (byte-level BPE has sev
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from specstruct.spec.interfaces import Constraint, Draft, encode
+from specstruct.constraints.base import Constraint
+from specstruct.spec.interfaces import Draft, Setup, Sizing, Traits, encode
 
 
 class ForcedTextDrafter:
-    name = "forced"
-    reads_text = False
+    traits = Traits("forced", switch="use_forced_text", sizing=Sizing.CAP)
+    name = traits.name
 
-    def __init__(self, tokenizer):
+    @classmethod
+    def create(cls, setup: Setup) -> "ForcedTextDrafter":
+        return cls(setup.tokenizer)
+
+    def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self._cache: dict[str, list[int]] = {}
 

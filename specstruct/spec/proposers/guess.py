@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
-from specstruct.spec.interfaces import Draft, encode
+from specstruct.spec.interfaces import Draft, Setup, Sizing, Traits, encode
 from specstruct.spec.proposers.lookup import CLAUSE_END, copy_from, in_string
 
 ENDS = (",", "}", "]")  # a number's end, most likely first
@@ -44,8 +44,12 @@ def _last_key(text: str, keys: Sequence[str]) -> int:
 
 
 class StructureGuessDrafter:
-    name = "guess"
-    reads_text = True
+    traits = Traits("guess", switch="use_structure_guesses", sizing=Sizing.CAP, reads_text=True)
+    name = traits.name
+
+    @classmethod
+    def create(cls, setup: Setup) -> "StructureGuessDrafter":
+        return cls(setup.tokenizer)
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

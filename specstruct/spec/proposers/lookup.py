@@ -28,7 +28,7 @@ import re
 from typing import Any, Sequence
 
 from specstruct.constraints.base import Constraint
-from specstruct.spec.interfaces import Draft, encode
+from specstruct.spec.interfaces import Draft, Setup, Sizing, Traits, encode
 
 STRUCTURE = '"{}[],:'  # JSON's punctuation: a match's text after the last of these is the value being written
 MIN_MATCH = 4  # characters a match needs outside JSON
@@ -101,8 +101,12 @@ def copy_from(text: str, json: bool) -> int:
 
 
 class PromptLookupDrafter:
-    name = "lookup"
-    reads_text = True
+    traits = Traits("lookup", switch="use_prompt_lookup", sizing=Sizing.COPY, reads_text=True)
+    name = traits.name
+
+    @classmethod
+    def create(cls, setup: Setup) -> "PromptLookupDrafter":
+        return cls(setup.tokenizer)
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

@@ -137,7 +137,7 @@ def test_lookup_candidates_are_valued_as_a_guess_then_a_copy():
     step = Step(None, 8, 0)
     step.add("forced", [1, 2], None)
     step.add("lookup", [3, 4, 5], None)
-    assert step.rates(pol, "json", 0.7) == [0.7, 0.7, 0.3, 0.9, 0.9]
+    assert pol.candidate_rates("json", step.segments, 0.7) == [0.7, 0.7, 0.3, 0.9, 0.9]
 
 
 def test_outside_json_a_match_needs_a_few_characters(tok):
