@@ -24,7 +24,7 @@ import json
 import time
 from typing import Any, Callable, Sequence
 
-from specstruct.bench.agent_tasks import REQUESTS, SYSTEM, TOOLS, call_tool
+from specstruct.bench.agent_tasks import JSON, REQUESTS, SYSTEM, TOOLS, call_tool
 from specstruct.bench.measure import Settings
 
 Progress = Callable[[int, int, str], None] | None
@@ -32,7 +32,7 @@ SPEC, TARGET_ONLY, LLAMA = "specstruct", "target-only", "llama.cpp"
 WARM_UP = [{"role": "user", "content": "Hello!"}]
 
 
-def check_calls(calls: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = TOOLS) -> str:
+def check_calls(calls: Sequence[JSON], tools: Sequence[JSON] = TOOLS) -> str:
     """Why `calls` are not valid ("" when they are): each must name a bound tool, with arguments (a dict) that match
     the tool's parameter schema."""
     import jsonschema
@@ -50,7 +50,7 @@ def check_calls(calls: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
     return ""
 
 
-def _plain_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _plain_calls(calls: Sequence[JSON]) -> list[JSON]:
     return [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
 
 
@@ -65,7 +65,7 @@ class SpecStructAgent:
     def numerics(self) -> str:
         return str(getattr(self.engine, "numerics", ""))
 
-    def turn(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def turn(self, messages: list[JSON]) -> JSON:
         from specstruct.errors import IncompleteOutputError
 
         s = self.settings
@@ -92,7 +92,7 @@ class SpecStructAgent:
         self.engine.clear_cache()
 
 
-def _quiet_run(engine: Any, messages: list[dict[str, Any]], config: Any) -> None:
+def _quiet_run(engine: Any, messages: list[JSON], config: Any) -> None:
     from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
     try:
@@ -101,7 +101,7 @@ def _quiet_run(engine: Any, messages: list[dict[str, Any]], config: Any) -> None
         pass
 
 
-def openai_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def openai_messages(messages: Sequence[JSON]) -> list[JSON]:
     """The history as the OpenAI API sends it: tool-call arguments as JSON strings, content never null."""
     out = []
     for m in messages:
@@ -116,7 +116,7 @@ def openai_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def chat_body(messages: Sequence[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+def chat_body(messages: Sequence[JSON], settings: Settings) -> JSON:
     """llama-server's `/v1/chat/completions` body for one turn: the same messages and tools, greedy or sampled as the
     other sides, its prompt cache on (an agent's server keeps it on)."""
     return {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": "auto",
@@ -124,7 +124,7 @@ def chat_body(messages: Sequence[dict[str, Any]], settings: Settings) -> dict[st
             "seed": settings.seed, "cache_prompt": True, "parallel_tool_calls": True}
 
 
-def parse_chat_reply(data: dict[str, Any]) -> dict[str, Any]:
+def parse_chat_reply(data: JSON) -> JSON:
     """A `/v1/chat/completions` reply -> content, calls (arguments parsed from their JSON strings), token counts,
     prefill time, whether max_tokens cut it, and why the calls are not valid ("" when they are)."""
     choice = data["choices"][0]
@@ -159,7 +159,7 @@ class LlamaAgent:
     def numerics(self) -> str:
         return self.server.numerics()
 
-    def turn(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def turn(self, messages: list[JSON]) -> JSON:
         import httpx
 
         start = time.perf_counter()
@@ -177,9 +177,9 @@ class LlamaAgent:
         self.turn(WARM_UP)
 
 
-def assistant_message(reply: dict[str, Any]) -> dict[str, Any]:
+def assistant_message(reply: JSON) -> JSON:
     """The history's record of a reply: its text and its calls (arguments as dicts, as chat templates want)."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply["content"]}
+    message: JSON = {"role": "assistant", "content": reply["content"]}
     if reply["calls"]:
         message["tool_calls"] = [{"id": c.get("id") or f"call_{i}", "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -187,22 +187,22 @@ def assistant_message(reply: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def tool_messages(reply: dict[str, Any]) -> list[dict[str, Any]]:
+def tool_messages(reply: JSON) -> list[JSON]:
     """Each call's result, as the `tool` messages that follow the reply."""
     return [{"role": "tool", "tool_call_id": c.get("id") or f"call_{i}", "name": c["name"],
              "content": json.dumps(call_tool(c["name"], c["arguments"]))}
             for i, c in enumerate(reply["calls"])]
 
 
-def run_episode(request: str, sides: dict[str, Any], max_turns: int, episode: int = 0,
-                progress: Progress = None) -> list[dict[str, Any]]:
+def run_episode(request: str, sides: JSON, max_turns: int, episode: int = 0,
+                progress: Progress = None) -> list[JSON]:
     """One customer request to the end of the loop. specstruct's replies make the history; every side answers each
     turn's history (the order of the sides alternates turn by turn). Returns one record per turn."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
+    messages: list[JSON] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
     turns = []
     for k in range(max_turns):
         order = list(sides) if k % 2 == 0 else list(sides)[::-1]
-        record: dict[str, Any] = {"episode": episode, "turn": k + 1, "messages": len(messages), "sides": {}}
+        record: JSON = {"episode": episode, "turn": k + 1, "messages": len(messages), "sides": {}}
         for name in order:
             if progress:
                 progress(k, max_turns, f"episode {episode + 1}, turn {k + 1}: {name}")
@@ -219,8 +219,8 @@ def run_episode(request: str, sides: dict[str, Any], max_turns: int, episode: in
     return turns
 
 
-def summarize(turns: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"episodes": len({t["episode"] for t in turns}), "turns": len(turns)}
+def summarize(turns: list[JSON], names: Sequence[str]) -> JSON:
+    out: JSON = {"episodes": len({t["episode"] for t in turns}), "turns": len(turns)}
     for name in names:
         rows = [t["sides"][name] for t in turns if name in t["sides"]]
         calls = sum(len(r["calls"]) for r in rows)
@@ -240,11 +240,11 @@ def summarize(turns: list[dict[str, Any]], names: Sequence[str]) -> dict[str, An
 
 
 def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str] = (), llama: Any = None,
-              settings: Settings | None = None, max_turns: int = 6, progress: Progress = None) -> dict[str, Any]:
+              settings: Settings | None = None, max_turns: int = 6, progress: Progress = None) -> JSON:
     """The agent scenario on `engine`: the first `limit` customer requests (all six by default). `baselines` may
     hold "specstruct" (the target-only side) and "llama.cpp" (then `llama` is a LlamaCppSide)."""
     settings = settings or Settings(max_new_tokens=256)
-    sides: dict[str, Any] = {SPEC: SpecStructAgent(SPEC, engine, True, settings)}
+    sides: JSON = {SPEC: SpecStructAgent(SPEC, engine, True, settings)}
     if "specstruct" in baselines:
         sides[TARGET_ONLY] = SpecStructAgent(TARGET_ONLY, engine, False, settings)
     if "llama.cpp" in baselines:
@@ -268,15 +268,15 @@ def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str]
                 model=getattr(engine, "model_name", ""), settings=vars(settings))
 
 
-def _validity(reply: dict[str, Any]) -> str:
+def _validity(reply: JSON) -> str:
     return "NO" if reply["error"] else "cut" if reply["cut"] else "yes"
 
 
-def _calls_text(reply: dict[str, Any]) -> str:
+def _calls_text(reply: JSON) -> str:
     return ", ".join(c["name"] for c in reply["calls"]) or "(reply)"
 
 
-def markdown(res: dict[str, Any]) -> str:
+def markdown(res: JSON) -> str:
     names, s = res["sides"], res["summary"]
     head = " | ".join(f"{n}, s" for n in names)
     lines = [f"Model: {res['model']}; {s['episodes']} episodes, {s['turns']} turns; prompt caches on every side.", "",
@@ -306,7 +306,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(engine: Any, console: Any, limit: int | None, settings: Settings, baselines: Sequence[str],
-         llama: Any, out: str | None, markdown_out: str | None, progress: Progress) -> dict[str, Any]:
+         llama: Any, out: str | None, markdown_out: str | None, progress: Progress) -> JSON:
     """`specstruct bench --scenario agent`: run, print the Markdown tables, write --out and --markdown."""
     from pathlib import Path
 

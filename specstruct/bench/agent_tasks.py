@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+JSON = dict[str, Any]  # a JSON object: a tool's schema, a call's arguments, a tool's result
+
 SYSTEM = (
     "You are Bean & Kettle's customer-support agent. Bean & Kettle is an online shop for coffee, tea and brewing "
     "equipment that ships from warehouses in Denver and Columbus. You help customers by looking up their orders, "
@@ -30,12 +32,12 @@ SYSTEM = (
 )
 
 
-def _tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _tool(name: str, description: str, properties: JSON, required: list[str]) -> JSON:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
 
 
-TOOLS: list[dict[str, Any]] = [
+TOOLS: list[JSON] = [
     _tool("lookup_order", "Look up an order by its id: status, items, charges, carrier, tracking number and the "
           "customer's email.", {"order_id": {"type": "string", "description": "the order id, e.g. A-10442"}},
           ["order_id"]),
@@ -56,7 +58,7 @@ TOOLS: list[dict[str, Any]] = [
           ["to", "subject", "body"]),
 ]
 
-ORDERS: dict[str, dict[str, Any]] = {
+ORDERS: dict[str, JSON] = {
     "A-10442": {"order_id": "A-10442", "status": "shipped", "placed": "2025-03-02", "email": "jordan.lee@example.com",
                 "items": [{"sku": "CB-ETH-500", "name": "Ethiopia Guji whole beans, 500 g", "quantity": 2,
                            "price": 18.50}],
@@ -110,31 +112,31 @@ REQUESTS = [
 ]
 
 
-def lookup_order(order_id: str) -> dict[str, Any]:
+def lookup_order(order_id: str) -> JSON:
     return ORDERS.get(order_id.strip().upper(), {"error": f"no order with id {order_id!r}"})
 
 
-def track_shipment(carrier: str, tracking_number: str) -> dict[str, Any]:
+def track_shipment(carrier: str, tracking_number: str) -> JSON:
     found = TRACKING.get(tracking_number.strip())
     if found is None or found["carrier"] != carrier:
         return {"error": f"no {carrier} parcel with tracking number {tracking_number!r}"}
     return found
 
 
-def check_inventory(sku: str, warehouse: str) -> dict[str, Any]:
+def check_inventory(sku: str, warehouse: str) -> JSON:
     units, restock = STOCK.get((sku.strip().upper(), warehouse), (None, None))
     if units is None:
         return {"error": f"unknown SKU {sku!r}"}
     return {"sku": sku, "warehouse": warehouse, "units": units, "next_restock": restock}
 
 
-def search_policy(query: str) -> dict[str, Any]:
+def search_policy(query: str) -> JSON:
     words = query.lower()
     hits = [text for key, text in POLICIES if key in words] or [text for _, text in POLICIES[:2]]
     return {"results": hits}
 
 
-def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+def issue_refund(order_id: str, amount: float, reason: str) -> JSON:
     order = ORDERS.get(order_id.strip().upper())
     if order is None:
         return {"error": f"no order with id {order_id!r}"}
@@ -144,16 +146,16 @@ def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
             "amount": round(amount, 2), "reason": reason, "status": "issued"}
 
 
-def send_email(to: str, subject: str, body: str) -> dict[str, Any]:
+def send_email(to: str, subject: str, body: str) -> JSON:
     return {"status": "sent", "to": to}
 
 
-IMPLEMENTATIONS: dict[str, Callable[..., dict[str, Any]]] = {
+IMPLEMENTATIONS: dict[str, Callable[..., JSON]] = {
     "lookup_order": lookup_order, "track_shipment": track_shipment, "check_inventory": check_inventory,
     "search_policy": search_policy, "issue_refund": issue_refund, "send_email": send_email,
 }
 
 
-def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def call_tool(name: str, arguments: JSON) -> JSON:
     """The tool's answer to a call (a valid call: a bound tool, arguments matching its schema)."""
     return IMPLEMENTATIONS[name](**arguments)
