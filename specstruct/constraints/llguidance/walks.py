@@ -6,14 +6,17 @@ walks do not finish in time is refused.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 WALKS, STEPS = 6, 256  # half the walks take the longest allowed token: deep into long terminals in few steps
 
 
-def walk(matcher: Any, vocab_size: int, lengths: np.ndarray | None = None) -> None:
+def walk(matcher: LLMatcher, vocab_size: int, lengths: np.ndarray | None = None) -> None:
     """WALKS walks of copies of `matcher`, at most STEPS tokens each: at each step its forced text, its mask and a
     random allowed token (in every second walk the longest allowed one, when `lengths` gives each token's length in
     bytes)."""
