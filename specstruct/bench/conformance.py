@@ -13,6 +13,9 @@ compile limits raise for a too complex schema); anything else is a crash, and a 
 For compiled schemas each `valid: true` instance, serialised as the engine writes JSON (`json.dumps`,
 properties in schema order), must be accepted token by token; `valid: false` instances the automaton accepts
 are counted as over-permissive. Per schema: compile time and peak memory; per token: mask time.
+
+The schemas: the *.json files of $SPECSTRUCT_JSONSCHEMABENCH (the full corpus: the 5,549 files of
+guidance-ai/jsonschemabench's maskbench/data), else the 208-file subset in tests/data/jsonschemabench.
 """
 
 from __future__ import annotations
@@ -247,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the summaries and every record as JSON here")
     args = ap.parse_args(argv)
     if corpus_dir() is None:
-        print("JSONSchemaBench not found: set SPECSTRUCT_JSONSCHEMABENCH to its folder "
-              "(default ../shared/data/jsonschemabench from the repo root).")
+        print("JSONSchemaBench not found: set SPECSTRUCT_JSONSCHEMABENCH to a folder of its *.json files "
+              "(default: the 208-schema subset in tests/data/jsonschemabench of a checkout of the repository).")
         return 2
     files = corpus_files(args.limit, args.seed)
     results = {}

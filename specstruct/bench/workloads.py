@@ -65,13 +65,12 @@ def _jsonschemabench_candidates() -> list[Path]:
     env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
     if env:
         return [Path(env)]
-    repo = Path(__file__).resolve().parents[2]
-    return [base / "shared" / "data" / "jsonschemabench" for base in (repo.parent, repo.parent.parent, Path.cwd().parent)]
+    return [Path(__file__).resolve().parents[2] / "tests" / "data" / "jsonschemabench"]
 
 
 def jsonschemabench_dir() -> Path | None:
-    """The JSONSchemaBench folder: $SPECSTRUCT_JSONSCHEMABENCH, else shared/data/jsonschemabench next to the
-    repository or its worktree folder (the layout of this project's workspace); None when absent."""
+    """The JSONSchemaBench folder: $SPECSTRUCT_JSONSCHEMABENCH, else the 208-schema subset the tests use
+    (tests/data/jsonschemabench in a checkout of the repository); None when absent."""
     return next((p for p in _jsonschemabench_candidates() if p.is_dir()), None)
 
 

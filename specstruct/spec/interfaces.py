@@ -37,6 +37,16 @@ class Draft:
         return cls(list(ids[:n]), source=source)
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """A row's candidates for one pass: the tokens, each one's drafter distribution q (None: a point mass, as for
+    the free proposers and greedy rows), and which proposer made which run of them (name, count), in order."""
+
+    tokens: tuple[int, ...] = ()
+    qs: "tuple[torch.Tensor | None, ...]" = ()
+    segments: tuple[tuple[str, int], ...] = ()
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
     """`text` as the tokenizer writes it, without special tokens: the free drafters' candidates."""
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -8,7 +8,7 @@ everything that is per request: constraint state, policy and acceptance history,
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -16,15 +16,23 @@ from specstruct.config import SpecConfig
 from specstruct.constraints.base import Constraint, Mode, finished
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
-from specstruct.spec.interfaces import Plan, Sequence_
+from specstruct.spec.interfaces import Plan, Proposal, Proposer, Sequence_
 from specstruct.spec.policy import AdaptivePolicy
 from specstruct.spec.proposers.draft_model import DraftState
-from specstruct.spec.step_plan import Proposal
+from specstruct.spec.proposers.registry import Proposers
 from specstruct.spec.stops import IncrementalText, StopScanner
 from specstruct.spec.verify import distribution, greedy_token, sample, verify_greedy, verify_sampling
 
-if TYPE_CHECKING:
-    from specstruct.spec.speculator import Speculator
+
+class SpeculatorLike(Protocol):
+    """What a row reads of the Speculator that made it (speculator.py, which imports this module)."""
+
+    tokenizer: Any
+    eos: set[int]
+    numerics: str
+    proposers: Proposers
+    drafters: dict[str, Proposer]
+    policy: AdaptivePolicy
 
 
 class _Timed:
@@ -78,7 +86,7 @@ class Row:
     """One request. After it finished read `token_ids`, `finish_reason` ("stop", "length" or "error"), `error`
     (the exception that failed it, else None) and `stats`."""
 
-    def __init__(self, speculator: Speculator, prompt: list[int], constraint: Constraint, config: SpecConfig):
+    def __init__(self, speculator: SpeculatorLike, prompt: list[int], constraint: Constraint, config: SpecConfig):
         self.speculator, self.prompt, self.config = speculator, prompt, config
         self.stats = Stats(mode=constraint.mode, prompt_tokens=len(prompt), numerics=speculator.numerics)
         self.constraint = _Timed(constraint, self.stats)

@@ -13,21 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specstruct.spec.interfaces import Proposal, Sequence_
+
 if TYPE_CHECKING:
     import torch
 
-    from specstruct.spec.interfaces import Sequence_
     from specstruct.spec.row import Row
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A row's candidates for one pass: the tokens, each one's drafter distribution q (None: a point mass, as for
-    the free proposers and greedy rows), and which proposer made which run of them (name, count), in order."""
-
-    tokens: tuple[int, ...] = ()
-    qs: "tuple[torch.Tensor | None, ...]" = ()
-    segments: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

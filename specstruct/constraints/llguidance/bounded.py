@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import pickle
 import resource
+import select
 import signal
+import struct
 import threading
 import time
 import warnings
@@ -27,6 +29,7 @@ from specstruct.errors import ConstraintError
 _PANICS = {  # words of an llguidance panic -> what it means, in the words of a fix
     "symbols.len() < u16::MAX": "it has more rules, terminals and alternatives than llguidance can number (65,535 "
                                 "grammar symbols)"}
+_HEADER = struct.Struct(">I")  # a message over a pipe to or from a child: its length, then its pickle
 
 
 def available() -> bool:
@@ -96,8 +99,6 @@ def run_bounded(fn: Callable[[], Any], what: str) -> Any:
     ConstraintError naming the limit it hit or what failed."""
     if not available():
         return fn()
-    from specstruct.constraints.llguidance.grammar_worker import _read, _write, _HEADER, reap
-
     lim = limits()
     inp, out = os.pipe()
     try:
@@ -131,3 +132,37 @@ def run_bounded(fn: Callable[[], Any], what: str) -> Any:
     if not ok:
         raise result
     return result
+
+
+def reap(pid: int) -> None:
+    """Kill child `pid` (if it still runs) and wait for it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read(fd: int, deadline: float | None) -> bytes:
+    """One message: its 4-byte length, then the pickle. EOFError if the other side is gone, TimeoutError past
+    `deadline` (None: wait for ever)."""
+    buf, need, header = bytearray(), _HEADER.size, True
+    while True:
+        while len(buf) < need:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise TimeoutError
+            chunk = os.read(fd, need - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        if not header:
+            return bytes(buf[_HEADER.size:])
+        header, need = False, _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]

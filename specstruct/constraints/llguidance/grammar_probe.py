@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import signal
 import threading
 import time
@@ -24,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from specstruct.constraints.limits import limits, too_complex
+from specstruct.constraints.llguidance.grammar_worker import RemoteMatcher
+from specstruct.constraints.llguidance.walks import walk
 from specstruct.errors import ConstraintError
 
-WALKS, STEPS = 6, 256  # half the walks take the longest allowed token: deep into long terminals in few steps
 # Grammars are remembered by their SHA-256 digests (of the tokenizer key and the source), never by their text: a
 # grammar may be megabytes, and each table below costs at most its count of entries x about 200 bytes.
 _PASSED: dict[bytes, None] = {}  # probed grammars; insertion-ordered, bounded
@@ -62,8 +62,6 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any 
     """Raise ConstraintError if random walks of `matcher` (a fresh LLMatcher) do not finish within the time limit.
     `token_bytes` (the token table's) lets half the walks take the longest allowed token at each step. A matcher
     already in its own child (grammar_worker.RemoteMatcher) is walked there: past the budget that child is killed."""
-    from specstruct.constraints.llguidance.grammar_worker import RemoteMatcher
-
     name = digest(*key)
     refused = _REFUSED.get(name)
     budget = min(limits().time_s, 10.0)
@@ -88,7 +86,7 @@ def probe(matcher: Any, vocab_size: int, key: tuple[str, str], token_bytes: Any 
         code = 0
         try:
             signal.alarm(int(budget) + 2)  # dies by itself if the parent is gone (an orphan spinning at 100% CPU)
-            _walk(matcher, vocab_size, lengths)
+            walk(matcher, vocab_size, lengths)
         except BaseException:  # noqa: BLE001 - an error is not a hang; the parent sees it in normal use
             code = 1
         os._exit(code)
@@ -146,24 +144,3 @@ def _lengths(token_bytes: Any) -> np.ndarray:
         _LENGTHS.clear()  # one tokenizer's at a time is enough
         _LENGTHS[key] = np.array([len(b) if b else 0 for b in token_bytes], dtype=np.int32)
     return _LENGTHS[key]
-
-
-def _walk(matcher: Any, vocab_size: int, lengths: np.ndarray | None = None) -> None:
-    rng = random.Random(0)
-    for walk in range(WALKS):
-        longest = lengths is not None and walk % 2 == 1
-        m = matcher.deep_copy()
-        for _ in range(STEPS):
-            if m.is_stopped() or m.is_error():
-                break
-            m.compute_ff_bytes()  # forced text: the other call that can loop
-            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            allowed = np.flatnonzero(bits[:vocab_size])
-            if not len(allowed):
-                break
-            if longest:
-                known = allowed[allowed < len(lengths)]
-                if len(known):
-                    size = lengths[known]
-                    allowed = known[size == size.max()]
-            m.consume_token(int(allowed[rng.randrange(len(allowed))]))

@@ -23,20 +23,16 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
-import select
 import signal
-import struct
 import threading
 import time
 import weakref
 from typing import Any, Callable
 
 from specstruct.constraints.limits import limits, too_complex
-from specstruct.constraints.llguidance.bounded import enter_child, failure, fork
+from specstruct.constraints.llguidance.bounded import _HEADER, _read, _write, enter_child, failure, fork, reap
+from specstruct.constraints.llguidance.walks import walk
 from specstruct.errors import ConstraintError
-
-_HEADER = struct.Struct(">I")
-
 
 def available() -> bool:
     return hasattr(os, "fork")
@@ -105,7 +101,7 @@ class RemoteMatcher:
         return self._call("rollback", int(n))
 
     def walk(self, vocab_size: int, lengths: Any, budget_s: float) -> bool:
-        """The probe's random walks (grammar_probe._walk) on a copy, in the child; False when they did not finish
+        """The probe's random walks (walks.walk) on a copy, in the child; False when they did not finish
         within `budget_s` (the child is then killed, and this matcher with it)."""
         try:
             self._ch.call("walk", self._h, (vocab_size, lengths), budget_s)
@@ -226,40 +222,6 @@ def _end(pid: int, out: int, inp: int) -> None:
     reap(pid)
 
 
-def reap(pid: int) -> None:
-    """Kill child `pid` (if it still runs) and wait for it."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
-
-
-def _write(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read(fd: int, deadline: float | None) -> bytes:
-    """One message: its 4-byte length, then the pickle. EOFError if the other side is gone, TimeoutError past
-    `deadline` (None: wait for ever)."""
-    buf, need, header = bytearray(), _HEADER.size, True
-    while True:
-        while len(buf) < need:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise TimeoutError
-            chunk = os.read(fd, need - len(buf))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        if not header:
-            return bytes(buf[_HEADER.size:])
-        header, need = False, _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]
-
-
 def _state(m: Any) -> tuple[str, bool, bool]:
     return (m.get_error() if m.is_error() else "", m.is_stopped(), m.is_accepting())
 
@@ -286,9 +248,7 @@ def _serve(matcher: Any, inp: int, out: int) -> None:
                 matchers[args[0]] = m.deep_copy()
                 ok, result = True, None
             elif op == "walk":
-                from specstruct.constraints.llguidance.grammar_probe import _walk
-
-                ok, result = True, _walk(m, *args)
+                ok, result = True, walk(m, *args)
             else:
                 ok, result = True, getattr(m, op)(*args)
         except Exception as e:  # noqa: BLE001 - raised again in the parent, as in-process

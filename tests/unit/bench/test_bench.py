@@ -80,6 +80,17 @@ def test_missing_schema_folder_names_the_fix(monkeypatch, tmp_path):
         find_jsonschemabench()
 
 
+def test_without_the_variable_the_schemas_are_the_subset_in_the_repository(monkeypatch):
+    from pathlib import Path
+
+    from specstruct.bench import conformance
+
+    monkeypatch.delenv("SPECSTRUCT_JSONSCHEMABENCH", raising=False)
+    subset = Path(__file__).resolve().parents[3] / "tests" / "data" / "jsonschemabench"
+    assert find_jsonschemabench() == subset
+    assert len(conformance.corpus_files()) == len(list(subset.glob("*.json"))) == 208
+
+
 def test_runner_end_to_end_records_every_side(results):
     assert set(results["scenarios"]) == set(SCENARIOS)
     for summary in results["scenarios"].values():

@@ -188,12 +188,13 @@ def test_a_forked_child_gets_its_own_compile_worker(tok):
 def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
     """Ctrl-C while waiting must not leave a child spinning in llguidance's loop (an orphan at 100% CPU)."""
     import os
+    import select as select_module
 
     from specstruct.constraints.llguidance import grammar_worker
 
     L.set_limits(time_s=5.0)
     children, walking = [], []
-    real_fork, real_write, real_select = os.fork, grammar_worker._write, grammar_worker.select.select
+    real_fork, real_write, real_select = os.fork, grammar_worker._write, select_module.select
 
     def fork():
         pid = real_fork()
@@ -212,7 +213,7 @@ def test_the_grammar_probe_reaps_its_child_when_interrupted(tok, monkeypatch):
 
     monkeypatch.setattr(grammar_worker.os, "fork", fork)
     monkeypatch.setattr(grammar_worker, "_write", write)
-    monkeypatch.setattr(grammar_worker.select, "select", select)
+    monkeypatch.setattr(select_module, "select", select)
     with pytest.raises(KeyboardInterrupt):
         make(tok, "grammar", 'start: A A\nA: /c+/')  # not one refused earlier in this process (remembered)
     (pid,) = children
