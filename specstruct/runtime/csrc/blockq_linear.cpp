@@ -224,6 +224,10 @@ static void panel_scalar(const Format& f, int R, const uint8_t* w, const Scales&
 }
 
 #ifdef SPECSTRUCT_VNNI
+// 1.5 * 2^23: the floats MAGIC + D for integers |D| < 2^22 are exact, their bits MAGIC_BITS + D. Every group's D is
+// below 2^22 in magnitude (32 inputs x 255 x 127 at most).
+constexpr float MAGIC = 12582912.f;
+constexpr int32_t MAGIC_BITS = 0x4B400000;
 static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (exactly) to float32
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -290,21 +294,27 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
     }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);  // 4 int8 inputs per word
+      // the block's activations interleaved by group (`interleave`): row r's group g at (g * R + r) * G, so the
+      // rows of a group are at constant offsets from one pointer
+      const int32_t* qg = reinterpret_cast<const int32_t*>(q + (g * R + r) * G);  // 4 int8 inputs per word
       // two chains of VPDPBUSD (even and odd quads), added at the end: half the dependent latency per row, and
       // the same D (an integer sum, exact in any order)
-      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+      // The even chain starts at MAGIC's bits, so the sum's bits are the float MAGIC + D (|D| < 2^22): D as a float
+      // without VCVTDQ2PS, which shares VPDPBUSD's one port on Intel.
+      __m512i even = _mm512_set1_epi32(MAGIC_BITS), odd = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int i = 0; i < QUADS; i += 2) {
         even = _mm512_dpbusd_epi32(even, wv[i], _mm512_set1_epi32(qg[i]));
         odd = _mm512_dpbusd_epi32(odd, wv[i + 1], _mm512_set1_epi32(qg[i + 1]));
       }
-      const __m512i dot = _mm512_add_epi32(even, odd);
-      const __m512 sa = _mm512_set1_ps(s[r * ng + g]), fa = _mm512_set1_ps(fa_[r * ng + g]);
-      if constexpr (!AFFINE) {  // float(D) - float(z*A) is float(D - z*A) exactly: integers below 2^24
-        acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(dot), fa), _mm512_mul_ps(dv, sa), acc[r]);
+      const __m512 biased = _mm512_castsi512_ps(_mm512_add_epi32(even, odd));  // MAGIC + D, exactly
+      const __m512 sa = _mm512_set1_ps(s[g * R + r]), fa = _mm512_set1_ps(fa_[g * R + r]);
+      if constexpr (!AFFINE) {  // fa is MAGIC + z*A here: (MAGIC + D) - (MAGIC + z*A) is D - z*A exactly, as
+                                // float(D) - float(z*A) is (integers below 2^24)
+        acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(biased, fa), _mm512_mul_ps(dv, sa), acc[r]);
       } else {
-        const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, fa));
+        const __m512 dotf = _mm512_sub_ps(biased, _mm512_set1_ps(MAGIC));  // float(D), exactly
+        const __m512 inner = _mm512_fmsub_ps(dv, dotf, _mm512_mul_ps(mv, fa));
         acc[r] = _mm512_fmadd_ps(inner, sa, acc[r]);
       }
     }
@@ -570,6 +580,21 @@ static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N
   TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
 }
 
+#ifdef SPECSTRUCT_VNNI
+// panel_vnni's layout of a block of R rows (from row r0) of q [M, K], s and fa [M, ng]: group-major, the block's rows
+// of group g side by side (q at (g * R + r) * G, s and fa at g * R + r, from the block's start r0 * K and r0 * ng).
+static void interleave(int64_t r0, int64_t R, int64_t K, int G, const int8_t* q, const float* s, const float* fa,
+                       int8_t* qi, float* si, float* fai) {
+  const int64_t ng = K / G;
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(qi + r0 * K + (g * R + r) * G, q + (r0 + r) * K + g * G, G);
+      si[r0 * ng + g * R + r] = s[(r0 + r) * ng + g];
+      fai[r0 * ng + g * R + r] = fa[(r0 + r) * ng + g];
+    }
+}
+#endif
+
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
 // (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
 // With `panels` (int64 panel indices), only those panels' outputs: y [M, 16 * len(panels)], panel i's 16 outputs
@@ -605,24 +630,50 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector);
   std::vector<float> fa(M * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
   for (int64_t i = 0; i < M * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
+#ifdef SPECSTRUCT_VNNI
+  if (vector && f.zero >= 0)  // panel_vnni's biased D: MAGIC + z*A, exact (an integer below 2^24)
+    for (int64_t i = 0; i < M * ng; ++i) fa[i] += MAGIC;
+#endif
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
+  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
 #ifdef SPECSTRUCT_VECTOR
   const RowsFn fn = vector ? pick(f) : nullptr;
+#endif
+  const int8_t* qv = qd;  // the vector path's activations, scales and sums (panel_vnni's layout where built)
+  const float *sv = s.data(), *fav = fa.data();
+#ifdef SPECSTRUCT_VNNI
+  std::vector<int32_t> iwords;
+  std::vector<float> is, ifa;
+  if (fn && even > 1) {  // one row per block: the layout is the rows' own
+    iwords.resize(words.size());
+    is.resize(M * ng);
+    ifa.resize(M * ng);
+    int8_t* qi = reinterpret_cast<int8_t*>(iwords.data());
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r = b * even;
+        if (r < M) interleave(r, std::min<int64_t>(even, M - r), K, f.G, qd, s.data(), fa.data(), qi, is.data(),
+                              ifa.data());
+      }
+    });
+    qv = qi;
+    sv = is.data();
+    fav = ifa.data();
+  }
 #endif
   at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = pick_panel ? pick_panel[i] : i;
       const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-      const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
       for (int64_t r = 0; r < M; r += even) {
         const int R = (int)std::min<int64_t>(even, M - r);
         const uint8_t* w = wd + p * pbytes;
         const Scales sc = st.panel(p);
 #ifdef SPECSTRUCT_VECTOR
         if (fn) {
-          fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
+          fn(R, w, sc, ng, qv + r * K, sv + r * ng, fav + r * ng, a.data() + r * ng, K, f.zero,
              yd + r * ldy + i * NO, ldy, ncols);
           continue;
         }
