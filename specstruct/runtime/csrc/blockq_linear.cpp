@@ -71,7 +71,7 @@ constexpr int64_t PREFETCH = PREFETCH_GROUPS;  // groups ahead to prefetch in a 
 #ifdef SPECSTRUCT_AVX2
 constexpr int MB = 6;  // the most rows per block: 6 accumulators + 8 weight vectors fit in 16 registers
 #else
-constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
+constexpr int MB = 16;  // the most rows per block: 16 accumulators + 8 weight vectors + scales fit in 32 registers
 #endif
 
 struct Format {
@@ -240,7 +240,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
   static_assert(QUADS % 2 == 0, "the even and odd chains below");
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
   __m512 acc[R];
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;  // the low plane: PER quads per vector
   const __m512i low = _mm512_set1_epi8((char)((1 << LB) - 1));
@@ -292,7 +292,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
       dv = half16(sc.super + g * NO);
       if constexpr (AFFINE) mv = half16(sc.supermin + g * NO);
     }
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       // the block's activations interleaved by group (`interleave`): row r's group g at (g * R + r) * G, so the
       // rows of a group are at constant offsets from one pointer
@@ -320,7 +320,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
     }
   }
   const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
@@ -490,7 +490,8 @@ static void rows_vector(int R, const uint8_t* w, const Scales& sc, int64_t ng, c
 #define CASE(n) \
   case n: return PANEL<n, G, BITS, AFFINE, SUB, LUT>(w, sc, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
 #ifdef SPECSTRUCT_VNNI
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13)
+    CASE(14) CASE(15) CASE(16)
 #else
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #endif
