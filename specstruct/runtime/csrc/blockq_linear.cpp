@@ -167,22 +167,26 @@ static inline void quantize_group_vnni(const float* xg, int G, int8_t* qg, float
 #endif
 
 // x [M, K] float32 -> int8 [M, K], scale [M, K/G], sum [M, K/G]; `vector`: 16 inputs at a time where built (the
-// same values).
+// same values). `block` > 1: in blocks of that many rows (the last one fewer), each block group-major, its rows of
+// a group side by side: row r0 + r's group g at r0 * K + (g * R + r) * G (scale and sum at r0 * K/G + g * R + r), R
+// the block's rows; 1: row-major.
 static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q, float* s, int32_t* a,
-                          bool vector) {
+                          bool vector, int64_t block) {
   const int64_t ng = K / G;
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t first = r - r % block, R = std::min(block, M - first), rr = r - first;
       for (int64_t g = 0; g < ng; ++g) {
-        const int64_t at = r * K + g * G;
+        const int64_t from = r * K + g * G, to = first * K + (g * R + rr) * G, at = first * ng + g * R + rr;
 #ifdef SPECSTRUCT_VNNI
         if (vector && G % 16 == 0) {
-          quantize_group_vnni(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
+          quantize_group_vnni(x + from, G, q + to, s + at, a + at);
           continue;
         }
 #endif
-        quantize_group(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
+        quantize_group(x + from, G, q + to, s + at, a + at);
       }
+    }
   });
 }
 
@@ -298,7 +302,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      // the block's activations interleaved by group (`interleave`): row r's group g at (g * R + r) * G, so the
+      // the block's activations group-major (quantize_rows' `block`): row r's group g at (g * R + r) * G, so the
       // rows of a group are at constant offsets from one pointer
       const int32_t* qg = reinterpret_cast<const int32_t*>(q + (g * R + r) * G);  // 4 int8 inputs per word
       // two chains of VPDPBUSD (even and odd quads), added at the end: half the dependent latency per row, and
@@ -585,21 +589,6 @@ static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N
   TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
 }
 
-#ifdef SPECSTRUCT_VNNI
-// panel_vnni's layout of a block of R rows (from row r0) of q [M, K], s and fa [M, ng]: group-major, the block's rows
-// of group g side by side (q at (g * R + r) * G, s and fa at g * R + r, from the block's start r0 * K and r0 * ng).
-static void interleave(int64_t r0, int64_t R, int64_t K, int G, const int8_t* q, const float* s, const float* fa,
-                       int8_t* qi, float* si, float* fai) {
-  const int64_t ng = K / G;
-  for (int64_t g = 0; g < ng; ++g)
-    for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(qi + r0 * K + (g * R + r) * G, q + (r0 + r) * K + g * G, G);
-      si[r0 * ng + g * R + r] = s[(r0 + r) * ng + g];
-      fai[r0 * ng + g * R + r] = fa[(r0 + r) * ng + g];
-    }
-}
-#endif
-
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
 // (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
 // With `panels` (int64 panel indices), only those panels' outputs: y [M, 16 * len(panels)], panel i's 16 outputs
@@ -628,11 +617,20 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const int64_t ldy = pick_panel ? count * NO : N;
   torch::Tensor y = torch::empty({M, ldy}, x.options());
   if (M == 0) return y;
+  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
+#ifdef SPECSTRUCT_VECTOR
+  const RowsFn fn = vector ? pick(f) : nullptr;
+#endif
+#ifdef SPECSTRUCT_VNNI
+  const int64_t layout = fn ? even : 1;  // panel_vnni reads its blocks of rows group-major
+#else
+  const int64_t layout = 1;
+#endif
   std::vector<int32_t> words((M * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
   int8_t* const qd = reinterpret_cast<int8_t*>(words.data());
   std::vector<float> s(M * ng);
   std::vector<int32_t> a(M * ng);
-  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector);
+  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector, layout);
   std::vector<float> fa(M * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
   for (int64_t i = 0; i < M * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
 #ifdef SPECSTRUCT_VNNI
@@ -642,32 +640,6 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
-  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
-#ifdef SPECSTRUCT_VECTOR
-  const RowsFn fn = vector ? pick(f) : nullptr;
-#endif
-  const int8_t* qv = qd;  // the vector path's activations, scales and sums (panel_vnni's layout where built)
-  const float *sv = s.data(), *fav = fa.data();
-#ifdef SPECSTRUCT_VNNI
-  std::vector<int32_t> iwords;
-  std::vector<float> is, ifa;
-  if (fn && even > 1) {  // one row per block: the layout is the rows' own
-    iwords.resize(words.size());
-    is.resize(M * ng);
-    ifa.resize(M * ng);
-    int8_t* qi = reinterpret_cast<int8_t*>(iwords.data());
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t r = b * even;
-        if (r < M) interleave(r, std::min<int64_t>(even, M - r), K, f.G, qd, s.data(), fa.data(), qi, is.data(),
-                              ifa.data());
-      }
-    });
-    qv = qi;
-    sv = is.data();
-    fav = ifa.data();
-  }
-#endif
   at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = pick_panel ? pick_panel[i] : i;
@@ -678,7 +650,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
         const Scales sc = st.panel(p);
 #ifdef SPECSTRUCT_VECTOR
         if (fn) {
-          fn(R, w, sc, ng, qv + r * K, sv + r * ng, fav + r * ng, a.data() + r * ng, K, f.zero,
+          fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
              yd + r * ldy + i * NO, ldy, ncols);
           continue;
         }
