@@ -617,7 +617,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const int64_t ldy = pick_panel ? count * NO : N;
   torch::Tensor y = torch::empty({M, ldy}, x.options());
   if (M == 0) return y;
-  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
+  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // at most MB rows a block, as even as can be
 #ifdef SPECSTRUCT_VECTOR
   const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
