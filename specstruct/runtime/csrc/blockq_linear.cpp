@@ -33,7 +33,11 @@
 //
 // Speed: one row streams the packed bytes once (0.39-1.1 bytes per weight instead of float32's 4); the rows of a
 // call are taken up to MB at a time against one panel, so each weight vector loaded (and each low-plane vector
-// unpacked) serves them all; a panel (a few KB to 150 KB) stays in cache while every block of rows uses it.
+// unpacked) serves them all; a panel (a few KB to 150 KB) stays in cache while every block of rows uses it. On the
+// AVX-512 path a block's activations, scales and sums are laid out group-major once per call (its rows of a group
+// side by side), so the row loop reads them at constant offsets from one pointer, and D becomes a float by the bits
+// of 1.5 * 2^23 + D (the even chain starts there) rather than VCVTDQ2PS, which shares VPDPBUSD's port on Intel:
+// prefill runs close to the VPDPBUSD throughput of a core.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -71,7 +75,7 @@ constexpr int64_t PREFETCH = PREFETCH_GROUPS;  // groups ahead to prefetch in a 
 #ifdef SPECSTRUCT_AVX2
 constexpr int MB = 6;  // the most rows per block: 6 accumulators + 8 weight vectors fit in 16 registers
 #else
-constexpr int MB = 12;  // the most rows per block: 12 accumulators + 8 weight vectors + scales fit in 32 registers
+constexpr int MB = 16;  // the most rows per block: 16 accumulators + 8 weight vectors + scales fit in 32 registers
 #endif
 
 struct Format {
@@ -163,22 +167,26 @@ static inline void quantize_group_vnni(const float* xg, int G, int8_t* qg, float
 #endif
 
 // x [M, K] float32 -> int8 [M, K], scale [M, K/G], sum [M, K/G]; `vector`: 16 inputs at a time where built (the
-// same values).
+// same values). `block` > 1: in blocks of that many rows (the last one fewer), each block group-major, its rows of
+// a group side by side: row r0 + r's group g at r0 * K + (g * R + r) * G (scale and sum at r0 * K/G + g * R + r), R
+// the block's rows; 1: row-major.
 static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q, float* s, int32_t* a,
-                          bool vector) {
+                          bool vector, int64_t block) {
   const int64_t ng = K / G;
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t first = r - r % block, R = std::min(block, M - first), rr = r - first;
       for (int64_t g = 0; g < ng; ++g) {
-        const int64_t at = r * K + g * G;
+        const int64_t from = r * K + g * G, to = first * K + (g * R + rr) * G, at = first * ng + g * R + rr;
 #ifdef SPECSTRUCT_VNNI
         if (vector && G % 16 == 0) {
-          quantize_group_vnni(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
+          quantize_group_vnni(x + from, G, q + to, s + at, a + at);
           continue;
         }
 #endif
-        quantize_group(x + at, G, q + at, s + r * ng + g, a + r * ng + g);
+        quantize_group(x + from, G, q + to, s + at, a + at);
       }
+    }
   });
 }
 
@@ -224,6 +232,10 @@ static void panel_scalar(const Format& f, int R, const uint8_t* w, const Scales&
 }
 
 #ifdef SPECSTRUCT_VNNI
+// 1.5 * 2^23: the floats MAGIC + D for integers |D| < 2^22 are exact, their bits MAGIC_BITS + D. Every group's D is
+// below 2^22 in magnitude (32 inputs x 255 x 127 at most).
+constexpr float MAGIC = 12582912.f;
+constexpr int32_t MAGIC_BITS = 0x4B400000;
 static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (exactly) to float32
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -236,7 +248,7 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
   static_assert(QUADS % 2 == 0, "the even and odd chains below");
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
   __m512 acc[R];
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;  // the low plane: PER quads per vector
   const __m512i low = _mm512_set1_epi8((char)((1 << LB) - 1));
@@ -288,29 +300,35 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
       dv = half16(sc.super + g * NO);
       if constexpr (AFFINE) mv = half16(sc.supermin + g * NO);
     }
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const int32_t* qg = reinterpret_cast<const int32_t*>(q + r * K + g * G);  // 4 int8 inputs per word
+      // the block's activations group-major (quantize_rows' `block`): row r's group g at (g * R + r) * G, so the
+      // rows of a group are at constant offsets from one pointer
+      const int32_t* qg = reinterpret_cast<const int32_t*>(q + (g * R + r) * G);  // 4 int8 inputs per word
       // two chains of VPDPBUSD (even and odd quads), added at the end: half the dependent latency per row, and
       // the same D (an integer sum, exact in any order)
-      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+      // The even chain starts at MAGIC's bits, so the sum's bits are the float MAGIC + D (|D| < 2^22): D as a float
+      // without VCVTDQ2PS, which shares VPDPBUSD's one port on Intel.
+      __m512i even = _mm512_set1_epi32(MAGIC_BITS), odd = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int i = 0; i < QUADS; i += 2) {
         even = _mm512_dpbusd_epi32(even, wv[i], _mm512_set1_epi32(qg[i]));
         odd = _mm512_dpbusd_epi32(odd, wv[i + 1], _mm512_set1_epi32(qg[i + 1]));
       }
-      const __m512i dot = _mm512_add_epi32(even, odd);
-      const __m512 sa = _mm512_set1_ps(s[r * ng + g]), fa = _mm512_set1_ps(fa_[r * ng + g]);
-      if constexpr (!AFFINE) {  // float(D) - float(z*A) is float(D - z*A) exactly: integers below 2^24
-        acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(dot), fa), _mm512_mul_ps(dv, sa), acc[r]);
+      const __m512 biased = _mm512_castsi512_ps(_mm512_add_epi32(even, odd));  // MAGIC + D, exactly
+      const __m512 sa = _mm512_set1_ps(s[g * R + r]), fa = _mm512_set1_ps(fa_[g * R + r]);
+      if constexpr (!AFFINE) {  // fa is MAGIC + z*A here: (MAGIC + D) - (MAGIC + z*A) is D - z*A exactly, as
+                                // float(D) - float(z*A) is (integers below 2^24)
+        acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(biased, fa), _mm512_mul_ps(dv, sa), acc[r]);
       } else {
-        const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, fa));
+        const __m512 dotf = _mm512_sub_ps(biased, _mm512_set1_ps(MAGIC));  // float(D), exactly
+        const __m512 inner = _mm512_fmsub_ps(dv, dotf, _mm512_mul_ps(mv, fa));
         acc[r] = _mm512_fmadd_ps(inner, sa, acc[r]);
       }
     }
   }
   const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
@@ -480,7 +498,8 @@ static void rows_vector(int R, const uint8_t* w, const Scales& sc, int64_t ng, c
 #define CASE(n) \
   case n: return PANEL<n, G, BITS, AFFINE, SUB, LUT>(w, sc, ng, q, s, fa, ia, K, zero, y, ldy, ncols);
 #ifdef SPECSTRUCT_VNNI
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13)
+    CASE(14) CASE(15) CASE(16)
 #else
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #endif
@@ -598,24 +617,33 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const int64_t ldy = pick_panel ? count * NO : N;
   torch::Tensor y = torch::empty({M, ldy}, x.options());
   if (M == 0) return y;
+  const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // at most MB rows a block, as even as can be
+#ifdef SPECSTRUCT_VECTOR
+  const RowsFn fn = vector ? pick(f) : nullptr;
+#endif
+#ifdef SPECSTRUCT_VNNI
+  const int64_t layout = fn ? even : 1;  // panel_vnni reads its blocks of rows group-major
+#else
+  const int64_t layout = 1;
+#endif
   std::vector<int32_t> words((M * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
   int8_t* const qd = reinterpret_cast<int8_t*>(words.data());
   std::vector<float> s(M * ng);
   std::vector<int32_t> a(M * ng);
-  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector);
+  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector, layout);
   std::vector<float> fa(M * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
   for (int64_t i = 0; i < M * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
+#ifdef SPECSTRUCT_VNNI
+  if (vector && f.zero >= 0)  // panel_vnni's biased D: MAGIC + z*A, exact (an integer below 2^24)
+    for (int64_t i = 0; i < M * ng; ++i) fa[i] += MAGIC;
+#endif
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
-#ifdef SPECSTRUCT_VECTOR
-  const RowsFn fn = vector ? pick(f) : nullptr;
-#endif
   at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = pick_panel ? pick_panel[i] : i;
       const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-      const int64_t blocks = (M + MB - 1) / MB, even = (M + blocks - 1) / blocks;  // rows split evenly: 9 = 9, 13 = 7 + 6
       for (int64_t r = 0; r < M; r += even) {
         const int R = (int)std::min<int64_t>(even, M - r);
         const uint8_t* w = wd + p * pbytes;
