@@ -202,6 +202,22 @@ def test_other_vector_units_give_the_same_bits_as_this_cpus_build_and_the_scalar
     assert torch.equal(avx2.linear(x[7:8], *args, None), want[7:8])
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS"])
+def test_a_prefill_of_several_row_blocks_gives_the_scalar_paths_bits(ext, name):
+    """37 rows: several full row blocks of every build (6 on AVX2, 16 on AVX-512) and a shorter last one, each row
+    the same bits as the portable path computes it alone."""
+    shape = (48, 768)
+    weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=5), *shape)
+    args = weight.args()
+    torch.manual_seed(5)
+    x = torch.randn(37, shape[1]) * torch.logspace(-2, 2, 37)[:, None]
+    x[20] = 0
+    got = ext.linear(x, *args, None)
+    assert torch.equal(got, ext.linear_scalar(x, *args))
+    for n in (1, 17, 33):
+        assert torch.equal(ext.linear(x[n : n + 1], *args, None), got[n : n + 1])
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_the_integer_sums_at_their_extremes_give_the_same_bits_everywhere(ext, other_build, name):
     """Every weight at its format's largest code (Q8_0's -128, the IQ4 table's -127) against activations all +127 or
