@@ -93,6 +93,19 @@ class Kernel:
         self.module: object | None = None
         self.error: str | None = None
         self._lock = threading.Lock()
+        self._variants: dict[str, Kernel] = {}  # march -> this source built for it (for_march)
+
+    def for_march(self, march: str) -> Any:
+        """This source built for another instruction set (`-march`, e.g. "x86-64-v3": AVX2 without AVX-512;
+        "x86-64": the portable path), to compare its bits and speed with this CPU's build (each built once);
+        raises where it cannot be built."""
+        with self._lock:
+            variant = self._variants.setdefault(march, Kernel(self.stem, self.source, f"{self.what} ({march})", "",
+                                                        march=march))
+        ext = variant.load()
+        if ext is None:
+            raise RuntimeError(variant.error)
+        return ext
 
     def load(self) -> Any:
         with self._lock:

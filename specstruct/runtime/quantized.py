@@ -43,17 +43,8 @@ def why_not() -> str | None:
 
 
 def kernel_for(march: str):
-    """This kernel's source built for another instruction set (`-march`, e.g. "x86-64-v3": AVX2 without
-    AVX-512), to compare its bits and speed with this CPU's build; raises where it cannot be built."""
-    variant = _VARIANTS.setdefault(march, native.Kernel(_KERNEL.stem, _KERNEL.source, f"{_KERNEL.what} ({march})",
-                                                        "", march=march))
-    ext = variant.load()
-    if ext is None:
-        raise RuntimeError(variant.error)
-    return ext
-
-
-_VARIANTS: dict[str, native.Kernel] = {}
+    """This kernel's source built for another instruction set (native.Kernel.for_march)."""
+    return _KERNEL.for_march(march)
 
 
 def simd() -> str:
