@@ -28,15 +28,22 @@ CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how ever
 _STALE_LOCK_S = 600  # a build takes ~30 s; a lock older than this belongs to a build that was killed
 
 
+def _source_text(source: Path) -> str:
+    """The source and the local headers it includes (`#include "x.h"` beside it), as the compiler reads them."""
+    text = source.read_text()
+    headers = [line.split('"')[1] for line in text.splitlines() if line.startswith('#include "')]
+    return text + "".join((source.parent / h).read_text() for h in headers)
+
+
 def cpu_key(source: Path) -> str:
-    """What a build depends on: the CPU's flags (-march=native), torch's version, the source."""
+    """What a build depends on: the CPU's flags (-march=native), torch's version, the source and its headers."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         flags = platform.processor()
-    text = "|".join([flags, _torch_version(), source.read_text()])
+    text = "|".join([flags, _torch_version(), _source_text(source)])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

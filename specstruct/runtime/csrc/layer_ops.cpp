@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "fast_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -126,34 +128,6 @@ void head_rms_norm_(torch::Tensor x, const torch::Tensor& w, double eps, double 
       for (int64_t h = 0; h < H; ++h) norm_row(xp + r * xs + h * D, wp, xp + r * xs + h * D, D, static_cast<float>(eps),
                                                static_cast<float>(offset));
   });
-}
-
-// exp(t) for t in [-87, 88]: a Cephes-style polynomial (row_attention.cpp's).
-static inline float exp_poly(float t) {
-  float fn = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = t - fn * 0.693359375f + fn * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(float));
-  return y * scale;
-}
-
-// tanh(x) as Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign of x; both
-// computed and one selected, so that loops of it vectorize (an element's bits depend on its place in its own row
-// alone: vector body or tail, the same arithmetic).
-static inline float tanh_poly(float x) {
-  const float z = std::fabs(x), s = x * x;
-  const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
-                        1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
-  const float big = 1.0f - 2.0f / (exp_poly(std::min(z + z, 88.0f)) + 1.0f);
-  return z < 0.625f ? small : (x < 0.0f ? -big : big);
 }
 
 // gate, up [R, I] (rows of any stride) -> act(gate) * up [R, I], the MLP's activation: silu, x / (1 + exp(-x)), or

@@ -24,3 +24,12 @@ def test_an_instruction_set_this_cpu_lacks_is_refused_with_what_it_lacks(tmp_pat
 def test_this_cpus_own_instruction_set_and_x86_64_v1_are_accepted():
     assert native.unsupported(["-march=native"]) == []
     assert native.unsupported(["-march=x86-64"]) == []
+
+
+def test_a_kernel_is_rebuilt_when_a_header_it_includes_changes(tmp_path):
+    header, source = tmp_path / "math.h", tmp_path / "k.cpp"
+    header.write_text("static inline float f(float x) { return x; }\n")
+    source.write_text('#include <cmath>\n#include "math.h"\nfloat g(float x) { return f(x); }\n')
+    before = native.cpu_key(source)
+    header.write_text("static inline float f(float x) { return x + 1.0f; }\n")
+    assert native.cpu_key(source) != before
