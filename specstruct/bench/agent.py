@@ -308,13 +308,8 @@ def markdown(res: JSON) -> str:
 def main(engine: Any, console: Any, limit: int | None, settings: Settings, baselines: Sequence[str],
          llama: Any, out: str | None, markdown_out: str | None, progress: Progress) -> JSON:
     """`specstruct bench --scenario agent`: run, print the Markdown tables, write --out and --markdown."""
-    from pathlib import Path
+    from specstruct.bench.report import publish
 
     res = run_agent(engine, limit=limit, baselines=baselines, llama=llama, settings=settings, progress=progress)
-    text = markdown(res)
-    console.print(text)
-    if out:
-        Path(out).write_text(json.dumps(res, indent=1, default=str))
-    if markdown_out:
-        Path(markdown_out).write_text(text)
+    publish(res, console, out, None, markdown_out, show=lambda r, c: c.print(markdown(r)), render=markdown)
     return res

@@ -207,8 +207,7 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
     """`specstruct bench --scenario pipeline`: the chunking cost, the pipeline in sequence, then (with `others`)
     the same passages batched and through outlines, and (with a `llama` side) through llama-server; prints the
     Markdown table."""
-    import json
-    from pathlib import Path
+    from specstruct.bench.report import publish
 
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": extraction_prompt(Person, pipeline_passages(1)[0])}]
@@ -233,10 +232,5 @@ def main(engine: Any, console: Any, limit: int | None, max_new_tokens: int, out:
                                          progress)
         finally:
             llama.close()
-    text = markdown(res)
-    console.print(text)
-    if out:
-        Path(out).write_text(json.dumps(res, indent=1, default=str))
-    if markdown_out:
-        Path(markdown_out).write_text(text)
+    publish(res, console, out, None, markdown_out, show=lambda r, c: c.print(markdown(r)), render=markdown)
     return res
