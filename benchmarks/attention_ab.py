@@ -19,6 +19,7 @@ import time
 import torch
 
 from specstruct.runtime import packed
+from specstruct.runtime.owned import marks
 from specstruct.testing import OneSequence
 
 SIDES = ("cpp", "torch")
@@ -35,14 +36,14 @@ def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, f
     logits: dict[tuple[str, int], torch.Tensor] = {}
     for r in range(repeats + 1):  # the first round warms up
         for side in SIDES:
-            model._specstruct_attention = side  # what packed.forward_packed reads for this model
+            marks(rt.model).attention = side  # what packed.forward_packed reads for the runtime's model
             for k in ks:
                 t0 = time.perf_counter()
                 logits[(side, k)] = rt.extend(ids[cache : cache + k])
                 if r:
                     times.setdefault((side, k), []).append(time.perf_counter() - t0)
                 rt.crop(cache)
-    model._specstruct_attention = "cpp"
+    marks(rt.model).attention = "cpp"
     return [(k, statistics.median(times[("cpp", k)]), statistics.median(times[("torch", k)]),
              (logits[("cpp", k)] - logits[("torch", k)]).abs().max().item()) for k in ks]
 

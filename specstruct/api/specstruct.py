@@ -27,6 +27,7 @@ from specstruct.errors import IncompleteOutputError, InvalidPromptError, Validat
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
+from specstruct.runtime.owned import hand_over
 from specstruct.api.output import RETRYABLE, Ending, StreamChunks, deadline, final_text
 from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
@@ -131,6 +132,7 @@ class SpecStruct:
                 draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
         finally:
             tables.join()  # before the engine times a draft step (Speculator): nothing else running
+        hand_over(target, draft_model)  # loaded for this engine alone: switched in place, one copy of the weights
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      engine_config=built, batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference

@@ -13,6 +13,7 @@ import torch
 
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.linear import dense
+from specstruct.runtime.owned import marks
 
 
 class Int8Linear(torch.nn.Module):
@@ -43,4 +44,4 @@ def quantize(model: torch.nn.Module) -> None:
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 setattr(parent, name, Int8Linear(child))
-    model._specstruct_draft_numerics = "int8 weight-only (per-row scale, fixed-order kernel), draft only"
+    marks(model).draft_numerics = "int8 weight-only (per-row scale, fixed-order kernel), draft only"

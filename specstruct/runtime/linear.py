@@ -21,6 +21,7 @@ import torch
 
 from specstruct.errors import SpecStructError
 from specstruct.runtime.load_memory import file_ranges, page_out
+from specstruct.runtime.owned import marks, peek
 
 
 def onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +124,7 @@ def pack_weights(model: torch.nn.Module, pack, kind: type, word: str) -> str:
             new = pack(w)
         except Exception as e:  # an op missing from this torch build, or refusing this weight
             return f"{packed} of {len(linears)} weights {word} ({word[:-2]}ing failed: {type(e).__name__})"
-        mod._specstruct_weight_grad = w.requires_grad
+        marks(mod).weight_grad = w.requires_grad
         mod.weight = new
         mod.register_state_dict_post_hook(dense_state_dict_hook)
         if mapped:
@@ -141,7 +142,7 @@ def unpack_linears(model: torch.nn.Module) -> None:
     """Give every packed Linear its plain weight back (a Parameter, bitwise equal to the original)."""
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, PackedWeight):
-            grad = mod.__dict__.pop("_specstruct_weight_grad", False)
+            grad = peek(mod).weight_grad
             mod.weight = torch.nn.Parameter(mod.weight.to_dense(), requires_grad=grad)
             for key, hook in list(mod._state_dict_hooks.items()):
                 if hook is dense_state_dict_hook:

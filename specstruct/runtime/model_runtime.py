@@ -38,6 +38,7 @@ from specstruct.runtime import architectures, fixed_linear, half_linear, quantiz
 from specstruct.runtime.fused_layer import fuse, unfuse
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
+from specstruct.runtime.owned import forget, hand_over, marks, own, peek
 from specstruct.runtime.packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
@@ -84,9 +85,11 @@ def row_invariant_available(model: torch.nn.Module) -> bool:
 
 
 def make_row_invariant(model: torch.nn.Module) -> str:
-    """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
-    if getattr(model, "_specstruct_numerics", None):
-        return model._specstruct_numerics
+    """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description.
+    ModelRuntime calls it on a module it owns (owned.py), never on a user's."""
+    mark = marks(model)
+    if mark.numerics:
+        return mark.numerics
     blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
     halves = half_linear.describe(model)  # and 16-bit weights on the fixed-order kernel
     kernels = [f"block-quantized linear, {quantized.simd()}"] if blocks else []
@@ -99,7 +102,7 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
         if formats:  # the attention is the model's own
             desc = f"{formats} weights ({'; '.join(kernels)}); {desc}"
-        model._specstruct_numerics = desc
+        mark.numerics = desc
         return desc
     fixed = fixed_linear.kernel() is not None
     forward = fixed_linear.fixed_linear_forward if fixed else onednn_linear_forward
@@ -119,11 +122,11 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         if halves:
             kernels[-1] += ", float32 activations"
         others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
-        model._specstruct_numerics = (f"{formats} weights, row-invariant ({'; '.join(kernels)}{others}; row-wise "
-                                      f"attention in {attention})")
-        return model._specstruct_numerics
-    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
-    return model._specstruct_numerics
+        mark.numerics = (f"{formats} weights, row-invariant ({'; '.join(kernels)}{others}; row-wise "
+                         f"attention in {attention})")
+        return mark.numerics
+    mark.numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
+    return mark.numerics
 
 
 def restore_stock(model: torch.nn.Module) -> None:
@@ -139,8 +142,7 @@ def restore_stock(model: torch.nn.Module) -> None:
         cfg = getattr(sub, "config", None)
         if getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
             cfg._attn_implementation = "sdpa"
-    model.__dict__.pop("_specstruct_numerics", None)
-    model.__dict__.pop("_specstruct_attention", None)
+    forget(model)
 
 
 def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Module:
@@ -152,7 +154,7 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
     row's result depend on its neighbours.)"""
     import warnings
 
-    q = copy.deepcopy(model)
+    q = copy.deepcopy(model)  # the runtime's own copy (handed over below): `model` stays as it was
     if next(q.parameters()).dtype != torch.float32:  # torch.ao's dynamic int8 kernels take float32 activations
         q = q.float()
     ranges = file_ranges()
@@ -162,13 +164,16 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
         from specstruct.runtime.draft_int8 import quantize
 
         quantize(q)
+        hand_over(q)
         return q
     unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
         q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
-    q._specstruct_rows_coupled = True  # a row's result depends on the other rows of its call
+    hand_over(q)
+    mark = marks(q)
+    mark.draft_numerics = "int8 dynamic (torch.ao), draft only"
+    mark.rows_coupled = True  # a row's result depends on the other rows of its call
     return q
 
 
@@ -183,7 +188,8 @@ class ModelRuntime:
     The spec layer's BatchDecoder is its one caller; `specstruct.testing.OneSequence` drives one sequence for tests."""
 
     def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
-        self.model = model.eval()
+        model = own(model).eval()  # a user's module stays as it is: the runtime switches its structural copy
+        self.model = model
         self.numerics = make_row_invariant(model) if row_invariant else "stock"
         self.packed = row_invariant_support(model)[0]  # the packed attention is exact for this architecture
         if self.packed:
@@ -193,7 +199,7 @@ class ModelRuntime:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
         # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
-        self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
+        self.row_invariant = "row-invariant" in self.numerics and not peek(model).rows_coupled
         # the engine's prefix cache serves this runtime where prefill results do not depend on where a cached
         # prefix ends: row-invariant numerics (linears) and the packed row-wise attention
         self.cache_key = (id(model), self.numerics)  # its namespace in a prefix cache

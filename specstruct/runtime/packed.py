@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 
 from specstruct.runtime import architectures, native, sparse_head
+from specstruct.runtime.owned import marks, peek
 
 ATTN_NAME = "specstruct_rowwise"
 ATTENTIONS = ("cpp", "torch")
@@ -217,9 +218,10 @@ def use_packed_attention(model: torch.nn.Module) -> str:
         cfg = getattr(sub, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTN_NAME
-    if getattr(model, "_specstruct_attention", None) is None:
-        model._specstruct_attention = attention_kernel()
-    return model._specstruct_attention
+    mark = marks(model)
+    if mark.attention is None:
+        mark.attention = attention_kernel()
+    return mark.attention
 
 
 @torch.inference_mode()
@@ -244,7 +246,7 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
     if not ids:
         return [torch.empty(0) for _ in segments]
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-    _local.layout, _local.attention = layout, getattr(model, "_specstruct_attention", None)
+    _local.layout, _local.attention = layout, peek(model).attention
     kept = None
     if masks is not None:
         if any(seg is not None and len(seg) != want for seg, want in zip(masks, keep)):
