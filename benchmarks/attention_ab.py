@@ -19,7 +19,7 @@ import time
 import torch
 
 from specstruct.runtime import packed
-from specstruct.runtime.owned import marks
+from specstruct.runtime.owned import hand_over, marks
 from specstruct.testing import OneSequence
 
 SIDES = ("cpp", "torch")
@@ -28,6 +28,7 @@ SIDES = ("cpp", "torch")
 def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, float, float, float]]:
     """(k, C++ median s, torch ops median s, max |logit difference|) per k."""
 
+    hand_over(model)  # switched in place, as the engine does the models it loads (one copy of the weights)
     rt = OneSequence(model)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache + max(ks),), generator=gen).tolist()

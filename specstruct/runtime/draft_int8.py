@@ -19,6 +19,10 @@ from specstruct.runtime.owned import marks
 class Int8Linear(torch.nn.Module):
     """nn.Linear's computation on int8 weights with a float32 scale per output: y = (x Q^T) * scale + bias."""
 
+    packed: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         w = dense(linear.weight).detach().to(torch.float32)

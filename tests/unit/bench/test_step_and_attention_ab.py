@@ -9,7 +9,7 @@ import pytest
 from benchmarks import attention_ab, step_ab
 from specstruct.runtime import packed
 from specstruct.testing import tiny_model, tiny_tokenizer
-from specstruct.runtime.owned import peek
+from specstruct.runtime.owned import hand_over, peek
 
 
 def test_attention_ab_times_both_attentions_and_leaves_the_kernel_on():
@@ -35,7 +35,8 @@ def test_step_breakdown_times_the_parts_and_puts_the_model_back():
     from specstruct.runtime.model_runtime import ModelRuntime
 
     model = tiny_model(tiny_tokenizer(), seed=0)
-    ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does
+    hand_over(model)
+    ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does the models it loads
     forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
     parts = step_breakdown.breakdown(model, cache=20, repeats=3)
     assert parts["step"] > 0 and {"linear layers", "lm head", "attention", "kv cache update", "rmsnorm"} <= set(parts)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 from pydantic import BaseModel
 
 import specstruct as ss
+from specstruct.runtime import quantized
+from specstruct.runtime.gguf_model import load_quantized
 from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.runtime.owned import hand_over, owned, peek, structural_copy
-from specstruct.testing import OneSequence, tiny_model
+from specstruct.testing import OneSequence, tiny_model, write_gguf
 
 
 class Flag(BaseModel):
@@ -69,6 +72,29 @@ def test_specstruct_leaves_the_users_models_as_they_were(tok):
     with torch.inference_mode():  # and it computes as before: transformers' own forward, stock attention
         target(input_ids=torch.tensor([[5, 6, 7]]))
     engine.core.close()
+
+
+def test_a_users_gguf_model_is_left_as_it_was(tok, tmp_path):
+    """Blocks as they ship: the runtime fuses the copy's decoder layers and merges its q/k/v and gate/up weights, on
+    weight objects of its own."""
+    pytest.importorskip("gguf")
+    try:
+        quantized.kernel()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    model = tiny_model(tok, seed=26)
+    write_gguf(model, tmp_path / "tiny.gguf", "Q8_0")
+    loaded = load_quantized(tmp_path / "tiny.gguf", model.config)
+    before = _snapshot(loaded)
+    weights = {name: (m.qweight, {k: id(v) for k, v in vars(m.qweight).items()}) for name, m in loaded.named_modules()
+               if isinstance(m, quantized.QuantLinear)}
+    seq = OneSequence(loaded)
+    assert "row-invariant" in seq.numerics and seq.prefill([5, 6, 7]).shape == (seq.vocab_size,)
+    _assert_same(before, _snapshot(loaded))
+    for name, m in loaded.named_modules():
+        if isinstance(m, quantized.QuantLinear):
+            qweight, attrs = weights[name]
+            assert m.qweight is qweight and {k: id(v) for k, v in vars(qweight).items()} == attrs, name
 
 
 def test_a_runtime_over_a_users_model_switches_a_copy_that_shares_the_weights(tok):
