@@ -19,6 +19,7 @@ import time
 import torch
 
 from specstruct.runtime import packed
+from specstruct.runtime.owned import hand_over, marks
 from specstruct.testing import OneSequence
 
 SIDES = ("cpp", "torch")
@@ -27,6 +28,7 @@ SIDES = ("cpp", "torch")
 def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, float, float, float]]:
     """(k, C++ median s, torch ops median s, max |logit difference|) per k."""
 
+    hand_over(model)  # switched in place, as the engine does the models it loads (one copy of the weights)
     rt = OneSequence(model)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache + max(ks),), generator=gen).tolist()
@@ -35,14 +37,14 @@ def compare(model, ks: list[int], repeats: int, cache: int) -> list[tuple[int, f
     logits: dict[tuple[str, int], torch.Tensor] = {}
     for r in range(repeats + 1):  # the first round warms up
         for side in SIDES:
-            model._specstruct_attention = side  # what packed.forward_packed reads for this model
+            marks(rt.model).attention = side  # what packed.forward_packed reads for the runtime's model
             for k in ks:
                 t0 = time.perf_counter()
                 logits[(side, k)] = rt.extend(ids[cache : cache + k])
                 if r:
                     times.setdefault((side, k), []).append(time.perf_counter() - t0)
                 rt.crop(cache)
-    model._specstruct_attention = "cpp"
+    marks(rt.model).attention = "cpp"
     return [(k, statistics.median(times[("cpp", k)]), statistics.median(times[("torch", k)]),
              (logits[("cpp", k)] - logits[("torch", k)]).abs().max().item()) for k in ks]
 

@@ -23,6 +23,7 @@ import torch
 
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.model_runtime import quantize_draft, restore_stock
+from specstruct.runtime.owned import hand_over
 from specstruct.testing import OneSequence
 
 KS = (1, 2, 4, 8, 9)
@@ -36,6 +37,7 @@ def measure(model, numerics: str, cache_len: int = 200, repeats: int = 5, ks=KS,
     """Median seconds of extend(k) after a `cache_len`-token prefill, for each k. With `profile` (a list), the
     ops of `repeats` passes of the last k are appended to it as (op, input shapes, ms per pass)."""
     restore_stock(model)
+    hand_over(model)  # switched in place, as the engine does the models it loads (one copy of the weights)
     with fixed_linear.using(NUMERICS[numerics]):  # read when the runtime packs the weights
         if numerics.startswith("int8"):
             model = quantize_draft(model, torchao="torch.ao" in numerics)
@@ -87,6 +89,7 @@ def prefill_cost(model, tokens: int, repeats: int = 3) -> dict[str, float]:
             t0 = time.perf_counter()
             model(input_ids=torch.tensor([ids]), logits_to_keep=1)
             stock.append(time.perf_counter() - t0)
+    hand_over(model)
     rt = OneSequence(model)
     out = {"stock one block": statistics.median(stock)}
     for chunk in (IDLE_PREFILL, 32):

@@ -31,7 +31,9 @@ def compare(stock, ours, cache_len: int, repeats: int) -> tuple[float, float, fl
     from transformers import DynamicCache
 
     from specstruct.runtime.model_runtime import cache_kwarg
+    from specstruct.runtime.owned import hand_over
 
+    hand_over(ours)  # switched in place (its own copy of the weights, loaded for it)
     rt, cache_arg = OneSequence(ours), cache_kwarg(stock)  # looked up once, outside the timed steps
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, min(rt.vocab_size, 50_000), (cache_len + 1,), generator=gen).tolist()

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specstruct.errors import InvalidParameterError, InvalidPromptError, PromptTooLongError
 
+if TYPE_CHECKING:
+    import torch
+
 ROLES = ("system", "user", "assistant", "tool")
+Message = dict[str, Any]  # a chat message: {"role": ..., "content": ..., ...}
+Tool = dict[str, Any]  # an OpenAI-style tool: {"type": "function", "function": {...}}
 
 
 def _check_text(text: str, where: str) -> None:
@@ -31,7 +36,7 @@ class RawPrompt:
     text: str
 
 
-def check_prompt(prompt: Any) -> list[dict[str, Any]] | RawPrompt:
+def check_prompt(prompt: object) -> list[Message] | RawPrompt:
     """The prompt as chat messages (copies), a RawPrompt as is, or InvalidPromptError."""
     if isinstance(prompt, RawPrompt):
         if not isinstance(prompt.text, str) or not prompt.text:
@@ -101,12 +106,12 @@ def _dict_arguments(message: dict[str, Any], i: int) -> dict[str, Any]:
     return {**message, "tool_calls": fixed}
 
 
-def check_system(system: Any) -> None:
+def check_system(system: object) -> None:
     if system is not None and not isinstance(system, str):
         raise InvalidPromptError(f"system= takes the system message as a str, got {type(system).__name__}")
 
 
-def too_long(messages: list[dict[str, Any]], ids: list[int], tokenizer: Any, max_new_tokens: int,
+def too_long(messages: "list[Message] | RawPrompt", ids: list[int], tokenizer: Any, max_new_tokens: int,
              limit: int) -> PromptTooLongError:
     """The error for a prompt that leaves no room for max_new_tokens; it says when the system message (where the
     output type is quoted for the model: a long schema, option list or grammar) is most of the prompt."""
@@ -120,7 +125,7 @@ def too_long(messages: list[dict[str, Any]], ids: list[int], tokenizer: Any, max
                               "max_new_tokens")
 
 
-def check_models(model: Any, draft_model: Any) -> None:
+def check_models(model: object, draft_model: object) -> None:
     """TypeError unless both are loaded models (torch modules): a tokenizer in the model's place is a common slip."""
     import torch
 
@@ -146,7 +151,7 @@ def resolve_device(device: str) -> str:
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
 
-def eos_token_ids(tokenizer, model) -> list[int]:
+def eos_token_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
     """Every id that ends a turn: the tokenizer's EOS, the generation config's, and the usual chat end tokens."""
     ids = {tokenizer.eos_token_id}
     gen = getattr(model, "generation_config", None)

@@ -13,7 +13,7 @@ from specstruct.api.inputs import RawPrompt
 from specstruct.api.signature import call_keywords, refuse_unknown
 
 
-def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, *, progress: bool = True,
+def generate_many(engine: Any, prompts: Sequence[Any], output_type: object = None, *, progress: bool = True,
                   return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
     """engine.generate(prompt, output_type, **kwargs) for every prompt, concurrently; a list in input order.
     return_exceptions=True returns each failure as its exception object; otherwise the first failure is
@@ -31,7 +31,7 @@ def generate_many(engine: Any, prompts: Sequence[Any], output_type: Any = None, 
     workers = max(1, min(len(prompts), cfg.max_batch_size + max(1, min(cfg.max_queue, cfg.max_batch_size))))
     bar = tqdm(total=len(prompts), desc="generate_many", unit="req", disable=not progress or len(prompts) < 4)
 
-    def one(prompt: Any) -> Any:
+    def one(prompt: object) -> Any:
         try:
             return engine.generate(prompt, output_type, **kwargs)
         finally:

@@ -17,17 +17,20 @@ import functools
 import re
 from typing import Any, Callable
 
+from specstruct.api.inputs import Message, Tool
+
 _ANCHORS = range(0xE000, 0xF900)  # Unicode private use: not in ordinary text, kept as is by `tojson`
 
 
-def chat_ids(tok: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+def chat_ids(tok: Any, messages: list[Message], tools: list[Tool] | None) -> list[int]:
     """The prompt ids of `messages` (and `tools`) through the tokenizer's chat template; without a template, the
     contents joined by blank lines, all plain text."""
     names = _added(tok)
     if not getattr(tok, "chat_template", None):
         return _plain(tok, "\n\n".join(str(m["content"]) for m in messages) + "\n\n", names)
     if not names:
-        return tok.encode(_render(tok, messages, tools), add_special_tokens=False)
+        encoded: list[int] = tok.encode(_render(tok, messages, tools), add_special_tokens=False)
+        return encoded
     anchor = _unused_anchor((messages, tools))
     hidden: list[str] = []
     hide = functools.partial(_hide, pattern=names.hide, anchor=anchor, table=hidden)
@@ -43,7 +46,8 @@ def chat_ids(tok: Any, messages: list[dict[str, Any]], tools: list[dict] | None)
 
 
 def _render(tok: Any, messages: Any, tools: Any) -> str:
-    return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    text: str = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return text
 
 
 class _Names:
@@ -101,8 +105,8 @@ def _plain(tok: Any, text: str, names: _Names | None) -> list[int]:
             for i in tok.encode(piece, add_special_tokens=False, split_special_tokens=True)]
 
 
-def _hide(text: str, *, pattern: re.Pattern, anchor: str, table: list[str]) -> str:
-    def placeholder(found: re.Match) -> str:
+def _hide(text: str, *, pattern: re.Pattern[str], anchor: str, table: list[str]) -> str:
+    def placeholder(found: re.Match[str]) -> str:
         table.append(found.group())
         return f"{anchor}{len(table) - 1}{anchor}"
 

@@ -23,19 +23,21 @@ from specstruct.engine.core import build as build_engine
 from specstruct.engine.request import Output
 from specstruct.engine.scheduler import DecoderFactory
 from specstruct.spec.interfaces import Runtime
+from specstruct.spec.speculator import Speculator
 from specstruct.errors import IncompleteOutputError, InvalidPromptError, ValidationRetryError
 from specstruct.types.output import OutputSpec, resolve
 from specstruct.results import Chunk, Result
 from specstruct.runtime.load_memory import collect_and_trim, trim_heap
+from specstruct.runtime.owned import hand_over, own
 from specstruct.api.output import RETRYABLE, Ending, StreamChunks, deadline, final_text
-from specstruct.api.inputs import (RawPrompt, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
+from specstruct.api.inputs import (Message, RawPrompt, Tool, check_models, check_prompt, check_system, eos_token_ids, resolve_device,
                                    too_long)
 from specstruct.api.prompt_ids import chat_ids
 from specstruct.api.signature import checked_keywords
 from specstruct.api.tool_replies import ToolReply, reply_spec
 
 T = TypeVar("T")
-Prompt = str | Sequence[dict[str, Any]] | RawPrompt
+Prompt = str | Sequence[Message] | RawPrompt
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,10 @@ class Call:
     (`config` is the engine's config with the call's keys merged in)."""
 
     prompt: Prompt
-    output_type: Any
+    output_type: object
     system: str | None
-    tools: list[dict] | None
-    tool_choice: Any
+    tools: list[Tool] | None
+    tool_choice: object
     config: SpecConfig
     timeout: float | None
 
@@ -62,10 +64,10 @@ def _prepare(tokenizer: Any, vocab_size: int) -> None:
 class SpecStruct:
     """A target model (and optionally a draft model) that generates constrained output, speculatively."""
 
-    def __init__(self, model, tokenizer, draft_model=None, config: SpecConfig | None = None, *,
-                 draft_tokenizer=None, model_name: str | None = None,
-                 engine_config: EngineConfig | dict[str, Any] | None = None,
-                 batch_config: BatchConfig | dict[str, Any] | None = None, decoder: DecoderFactory | None = None,
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
+                 config: SpecConfig | None = None, *, draft_tokenizer: Any = None, model_name: str | None = None,
+                 engine_config: EngineConfig | dict[str, object] | None = None,
+                 batch_config: BatchConfig | dict[str, object] | None = None, decoder: DecoderFactory | None = None,
                  target: Runtime | None = None):
         check_models(model, draft_model)
         self.config = config or SpecConfig()  # every call's default (a call's config= and keywords go over it)
@@ -75,7 +77,9 @@ class SpecStruct:
         if draft_model is not None:
             from specstruct.models.loading import matched_draft
 
-            draft_model = matched_draft(tokenizer, draft_tokenizer or tokenizer, model, draft_model)
+            # its own module (a structural copy of a user's): a GGUF draft's LM head may be wrapped in place
+            draft_model = matched_draft(  # type: ignore[no-untyped-call]
+                tokenizer, draft_tokenizer or tokenizer, model, own(draft_model))
         self.eos_token_ids = eos_token_ids(tokenizer, model)
         self.batch_config = batch_config if isinstance(batch_config, BatchConfig) else BatchConfig(**(batch_config or {}))
         # one thread owns the models; every call is a request to its scheduler (`decoder`, `target`: test doubles)
@@ -89,7 +93,7 @@ class SpecStruct:
         release_pool()  # loading ran OpenMP regions here; the scheduler's thread computes from now on (openmp.py)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Speculator:
         """Deprecated name of `speculator` (the model pair, proposers and policy)."""
         warnings.warn("SpecStruct.engine is now SpecStruct.speculator (its engine is SpecStruct.core)",
                       DeprecationWarning, stacklevel=2)
@@ -97,9 +101,9 @@ class SpecStruct:
 
     @classmethod
     def from_pretrained(cls, model: str, draft: str | None = None, *, config: SpecConfig | None = None,
-                        engine_config: EngineConfig | dict[str, Any] | None = None,
-                        decoding_params: dict[str, Any] | None = None,
-                        batch_config: BatchConfig | dict[str, Any] | None = None) -> "SpecStruct":
+                        engine_config: EngineConfig | dict[str, object] | None = None,
+                        decoding_params: dict[str, object] | None = None,
+                        batch_config: BatchConfig | dict[str, object] | None = None) -> "SpecStruct":
         """Load a registry name (`qwen2.5-coder-1.5b`), hub id, local folder or .gguf file (a bare one: config,
         tokenizer and chat template come from its metadata), plus an optional draft model with the same vocabulary
         (the same forms, or "auto": a pulled registry draft whose vocabulary is the target's, else none). `config`
@@ -131,6 +135,7 @@ class SpecStruct:
                 draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
         finally:
             tables.join()  # before the engine times a draft step (Speculator): nothing else running
+        hand_over(target, draft_model)  # loaded for this engine alone: switched in place, one copy of the weights
         engine = cls(target, tokenizer, draft_model, config, draft_tokenizer=draft_tok, model_name=str(model),
                      engine_config=built, batch_config=batch_config)
         del target, draft_model  # the engine keeps an int8 copy of the draft: free the float32 one (a reference
@@ -138,30 +143,31 @@ class SpecStruct:
         return engine
 
     # -- building blocks ----------------------------------------------------------------------------------------
-    def constraint(self, output_type: Any = None) -> Constraint:
+    def constraint(self, output_type: object = None) -> Constraint:
         """The compiled constraint for an output type, over this engine's tokenizer (cached)."""
         return self._compile(resolve(output_type))
 
     def _compile(self, spec: OutputSpec) -> Constraint:
         try:
-            return compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
-                                      eos_token_ids=self.eos_token_ids)
+            constraint: Constraint = compile_constraint(spec.spec, self.tokenizer, vocab_size=self.runtime.vocab_size,
+                                                        eos_token_ids=self.eos_token_ids)
+            return constraint
         finally:
             release_pool()  # building token tables ran OpenMP regions on this thread (a server's worker thread)
 
-    def messages(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None
-                 ) -> list[dict[str, Any]] | RawPrompt:
+    def messages(self, prompt: Prompt, output_type: object = None, *, system: str | None = None
+                 ) -> list[Message] | RawPrompt:
         """The chat messages a call sends: the prompt plus a system instruction naming the output's schema (a
         RawPrompt as it is)."""
         return self._messages(prompt, resolve(output_type), system)
 
-    def prompt_ids(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-                   tools: list[dict] | None = None, max_new_tokens: int | None = None) -> list[int]:
+    def prompt_ids(self, prompt: Prompt, output_type: object = None, *, system: str | None = None,
+                   tools: list[Tool] | None = None, max_new_tokens: int | None = None) -> list[int]:
         """The exact prompt token ids a call sends to the model (chat template applied)."""
         return self._encode(self.messages(prompt, output_type, system=system), tools,
                             max_new_tokens or self.config.max_new_tokens)
 
-    def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[dict[str, Any]]:
+    def _messages(self, prompt: Prompt, spec: OutputSpec, system: str | None) -> list[Message]:
         messages = check_prompt(prompt)
         check_system(system)
         if isinstance(messages, RawPrompt):
@@ -177,10 +183,10 @@ class SpecStruct:
                 messages.insert(0, {"role": "system", "content": instruction})
         return messages
 
-    def _encode(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new_tokens: int) -> list[int]:
+    def _encode(self, messages: list[Message] | RawPrompt, tools: list[Tool] | None, max_new_tokens: int) -> list[int]:
         tok = self.tokenizer
         if isinstance(messages, RawPrompt):  # its author's control tokens are meant: encoded as written
-            ids = tok.encode(messages.text, add_special_tokens=True)
+            ids: list[int] = tok.encode(messages.text, add_special_tokens=True)
         else:  # only the template's own markers are control tokens, never a message's text (prompt_ids.py)
             ids = chat_ids(tok, messages, tools)
         limit = self.runtime.max_length
@@ -189,8 +195,8 @@ class SpecStruct:
         self.core.kv_budget.check(len(ids), max_new_tokens)
         return ids
 
-    def _call(self, prompt: Prompt, output_type: Any, system: str | None, tools: list[dict] | None,
-              tool_choice: Any, config: SpecConfig | dict[str, Any] | None, timeout: float | None,
+    def _call(self, prompt: Prompt, output_type: object, system: str | None, tools: list[Tool] | None,
+              tool_choice: object, config: SpecConfig | dict[str, object] | None, timeout: float | None,
               **keys: Any) -> Call:
         """The one place a call's keywords become a Call: the per-call keys (None: not given) over `config` over
         the engine's config (InvalidParameterError for a bad value or an engine-wide key)."""
@@ -208,11 +214,11 @@ class SpecStruct:
 
     # -- public calls: every one is a request (or a few: retries) to the scheduler -------------------------------
     @checked_keywords
-    def run(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-            tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+    def run(self, prompt: Prompt, output_type: object = None, *, system: str | None = None,
+            tools: list[Tool] | None = None, tool_choice: object = None, max_new_tokens: int | None = None,
             temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
             stop: str | list[str] | None = None, cache_salt: str | None = None,
-            config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Result:
+            config: SpecConfig | dict[str, object] | None = None, timeout: float | None = None) -> Result[Any]:
         """Generate once (plus validation retries) and return the value with its text, tokens and stats.
 
         The keywords are those of `stream`, `arun` and `astream` too: `system` (prepended to the schema
@@ -236,16 +242,17 @@ class SpecStruct:
             try:
                 job = plan.send(out)
             except StopIteration as done:
-                return done.value
+                result: Result[Any] = done.value
+                return result
 
-    def _attempts(self, call: Call) -> Generator[tuple[list[int], Constraint, SpecConfig], Output, Result]:
+    def _attempts(self, call: Call) -> Generator[tuple[list[int], Constraint, SpecConfig], Output, Result[Any]]:
         """The retry loop without I/O: yields each attempt's (prompt ids, constraint, config), receives the
         finished request's Output, returns the validated Result. `run` drives it from a thread, `arun` from a task."""
         cfg, tools = call.config, call.tools
         spec = reply_spec(self.tokenizer, call.output_type, tools, call.tool_choice)
         constraint = self._compile(spec)
         messages = self._messages(call.prompt, spec, call.system)
-        attempts: list[dict[str, Any]] = []
+        attempts: list[Message] = []
         ending = Ending(self.tokenizer, spec, constraint, cfg)
         for _ in range(cfg.max_retries + 1):
             fork = constraint.fork()
@@ -276,7 +283,7 @@ class SpecStruct:
             f"last error: {attempts[-1]['error']}", attempts)
 
     @overload
-    def generate(self, prompt: Prompt, output_type: None = None, *, tools: Sequence[dict], **kwargs: Any
+    def generate(self, prompt: Prompt, output_type: None = None, *, tools: Sequence[Tool], **kwargs: Any
                  ) -> ToolReply: ...
 
     @overload
@@ -284,12 +291,12 @@ class SpecStruct:
 
     @overload
     def generate(self, prompt: Prompt, output_type: type[T], **kwargs: Any) -> T: ...
-    def generate(self, prompt: Prompt, output_type: Any = None, **kwargs: Any) -> Any:
+    def generate(self, prompt: Prompt, output_type: object = None, **kwargs: Any) -> Any:
         """The validated value: an instance of a Pydantic model, a dict for a JSON schema, a str for free text, a
         ToolReply with `tools=` and no output type."""
         return self.run(prompt, output_type, **kwargs).value
 
-    def generate_many(self, prompts: Sequence[Prompt], output_type: Any = None, *, progress: bool = True,
+    def generate_many(self, prompts: Sequence[Prompt], output_type: object = None, *, progress: bool = True,
                       return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
         """`generate` over many prompts at once (batched), in input order, with a progress bar for long lists.
         return_exceptions=True puts each failure in its place instead of raising the first one."""
@@ -299,11 +306,11 @@ class SpecStruct:
                              **kwargs)
 
     @checked_keywords
-    def stream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-               tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+    def stream(self, prompt: Prompt, output_type: object = None, *, system: str | None = None,
+               tools: list[Tool] | None = None, tool_choice: object = None, max_new_tokens: int | None = None,
                temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                stop: str | list[str] | None = None, cache_salt: str | None = None,
-               config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Iterator[Chunk]:
+               config: SpecConfig | dict[str, object] | None = None, timeout: float | None = None) -> Iterator[Chunk]:
         """Yield text as it is accepted (several tokens at once when drafts are accepted); `run`'s keywords. JSON
         modes also carry the partial object. The last chunk carries the validated Result; a stream is validated
         once, without retries. A stream is a request like any other: reading it slowly never blocks other calls,
@@ -320,6 +327,7 @@ class SpecStruct:
                     yield chunk
         finally:
             req.cancel()
+        assert req.output is not None  # set once its tokens end
         yield chunks.final(req.output)
 
     def _stream_job(self, call: Call) -> tuple[StreamChunks, tuple[list[int], Constraint, SpecConfig]]:
@@ -333,11 +341,11 @@ class SpecStruct:
     # -- asyncio: the same requests, awaited on the loop (no thread per call); a cancelled task, a `timeout=` or
     # an abandoned `astream` cancels its request
     @checked_keywords
-    async def arun(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-                   tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+    async def arun(self, prompt: Prompt, output_type: object = None, *, system: str | None = None,
+                   tools: list[Tool] | None = None, tool_choice: object = None, max_new_tokens: int | None = None,
                    temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                    stop: str | list[str] | None = None, cache_salt: str | None = None,
-                   config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None) -> Result:
+                   config: SpecConfig | dict[str, object] | None = None, timeout: float | None = None) -> Result[Any]:
         """`run` for asyncio (same keywords): `result = await engine.arun(prompt, Person)`."""
         call = self._call(prompt, output_type, system, tools, tool_choice, config, timeout,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
@@ -354,18 +362,19 @@ class SpecStruct:
             try:
                 job = plan.send(out)
             except StopIteration as done:
-                return done.value
+                result: Result[Any] = done.value
+                return result
 
-    async def agenerate(self, prompt: Prompt, output_type: Any = None, **kwargs: Any) -> Any:
+    async def agenerate(self, prompt: Prompt, output_type: object = None, **kwargs: Any) -> Any:
         """`generate` for asyncio: the validated value."""
         return (await self.arun(prompt, output_type, **kwargs)).value
 
     @checked_keywords
-    async def astream(self, prompt: Prompt, output_type: Any = None, *, system: str | None = None,
-                      tools: list[dict] | None = None, tool_choice: Any = None, max_new_tokens: int | None = None,
+    async def astream(self, prompt: Prompt, output_type: object = None, *, system: str | None = None,
+                      tools: list[Tool] | None = None, tool_choice: object = None, max_new_tokens: int | None = None,
                       temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                       stop: str | list[str] | None = None, cache_salt: str | None = None,
-                      config: SpecConfig | dict[str, Any] | None = None, timeout: float | None = None
+                      config: SpecConfig | dict[str, object] | None = None, timeout: float | None = None
                       ) -> AsyncIterator[Chunk]:
         """`stream` for asyncio (same keywords): `async for chunk in engine.astream(prompt, Person): ...`."""
         loop, until = asyncio.get_running_loop(), deadline(timeout)
@@ -380,6 +389,7 @@ class SpecStruct:
                     yield chunk
         finally:
             req.cancel()
+        assert req.output is not None  # set once its tokens end
         yield chunks.final(req.output)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
@@ -391,5 +401,5 @@ class SpecStruct:
     def __enter__(self) -> "SpecStruct":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

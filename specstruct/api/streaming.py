@@ -14,7 +14,7 @@ class IncrementalDetokenizer:
     character across tokens) and any tail that may still become a stop string, and nothing from a stop on:
     the joined deltas are always a prefix of the final `Result.text`."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = (), code_fence: bool = False):
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), code_fence: bool = False):
         self.stop, self.code_fence = list(stop), code_fence
         self._scan = stops.StopScanner(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.stop,
                                        code_fence)  # each token decoded a bounded number of times: linear

@@ -27,7 +27,8 @@ class ToolReply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def reply_spec(tokenizer: Any, output_type: Any, tools: Sequence[dict] | None, tool_choice: Any) -> OutputSpec:
+def reply_spec(tokenizer: Any, output_type: object, tools: Sequence[dict[str, object]] | None,
+               tool_choice: object) -> OutputSpec:
     """What a call constrains to: `output_type`, or with tools and no output type, the tool-call grammar."""
     if not tools:
         if tool_choice not in (None, "auto", "none"):

@@ -116,10 +116,10 @@ def compile_schema(backend: str, schema: Any, tokenizer, vocab_size: int, eos: S
 
         grammar = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": schema}}], "required",
                                tokenizer, parallel=False)
-        inner = compile_constraint(ConstraintSpec("grammar", grammar, "grammar"), tokenizer, vocab_size=vocab_size,
+        inner = compile_constraint(ConstraintSpec("grammar", grammar), tokenizer, vocab_size=vocab_size,
                                    eos_token_ids=eos)
         return ToolCallConstraint(inner, tokenizer)
-    return compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tokenizer, vocab_size=vocab_size,
+    return compile_constraint(ConstraintSpec("json", json.dumps(schema)), tokenizer, vocab_size=vocab_size,
                               eos_token_ids=eos, json_backend=backend)
 
 

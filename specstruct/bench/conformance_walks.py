@@ -44,7 +44,7 @@ def check_schema(path: Path, tok, walks: int, tokens: int) -> dict:
     schema = json.loads(path.read_text())["schema"]
     out: dict = {"name": path.stem, "status": "compiled", "walks": 0, "bad": []}
     try:
-        c = compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=408,
+        c = compile_constraint(ConstraintSpec("json", json.dumps(schema)), tok, vocab_size=408,
                                eos_token_ids=[tok.eos_token_id])
     except ConstraintError:
         out["status"] = "refused"

@@ -25,8 +25,9 @@ def stock_numerics(*models: Any) -> Iterator[None]:
     gives its OpenMP pool back (runtime/openmp.py), so the next specstruct side decodes unthrottled."""
     from specstruct.runtime.openmp import release_pool
     from specstruct.runtime.model_runtime import make_row_invariant, restore_stock
+    from specstruct.runtime.owned import peek
 
-    patched = [m for m in models if m is not None and getattr(m, "_specstruct_numerics", None)]
+    patched = [m for m in models if m is not None and peek(m).numerics]
     for m in patched:
         restore_stock(m)
     try:

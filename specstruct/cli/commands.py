@@ -208,7 +208,7 @@ def extract(
         schema_obj = load_schema(schema)
         _check(schema_obj)
         if ray or input_ or output:
-            from specstruct.serving.ray.cli import run_cli_job
+            from specstruct.cli.ray import run_cli_job
 
             return run_cli_job(schema_obj, input_, output, text, model, draft, no_draft, max_new_tokens, actors,
                                EXTRACT_SYSTEM.format(schema=json.dumps(schema_obj)), max_input_tokens, row_timeout)

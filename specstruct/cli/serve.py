@@ -93,7 +93,7 @@ def serve(
             if unused:  # Ray Serve replicas take their threads from --num-cpus and shut down through Ray
                 raise fail(f"{', '.join(unused)} does not apply with --ray (Ray sets each replica's threads from "
                            "--num-cpus and stops replicas itself); leave it out", EXIT_USAGE)
-            from specstruct.serving.ray.cli import serve_on_ray
+            from specstruct.cli.ray import serve_on_ray
 
             return serve_on_ray(**locals())
         try:

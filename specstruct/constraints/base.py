@@ -6,7 +6,8 @@ plugs in by returning an object with these methods from `compile_constraint`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
@@ -18,11 +19,25 @@ Mode = Literal["json", "regex", "choice", "grammar", "code", "text"]
 @dataclass(frozen=True)
 class ConstraintSpec:
     """What to compile. `source` is a JSON-schema string (json), a regex (regex), a JSON list of
-    strings (choice), a Lark grammar (grammar) or None (text, code). `kind` is also the output mode."""
+    strings (choice), a Lark grammar (grammar) or None (text, code). `kind` is also the output mode (`mode`)."""
 
     kind: Mode
     source: str | None
-    mode: Mode
+    legacy_mode: InitVar[Mode | None] = None  # the former third field, always equal to `kind`: deprecated
+
+    def __post_init__(self, legacy_mode: Mode | None) -> None:
+        if legacy_mode is None:
+            return
+        if legacy_mode != self.kind:
+            raise ValueError(f"ConstraintSpec({self.kind!r}, ..., {legacy_mode!r}): the mode is the kind; pass "
+                             f"ConstraintSpec({self.kind!r}, source)")
+        warnings.warn("ConstraintSpec's third argument is deprecated (the mode is the kind): pass "
+                      "ConstraintSpec(kind, source)", DeprecationWarning, stacklevel=3)
+
+    @property
+    def mode(self) -> Mode:
+        """The output mode: the kind."""
+        return self.kind
 
 @runtime_checkable
 class Constraint(Protocol):

@@ -154,8 +154,8 @@ def matched_draft(target_tokenizer, draft_tokenizer, target_model, draft_model):
     """`draft_model` once check_same_vocab passes, with its output rows made the target's when the two differ only
     in padding rows past the tokenizer (Qwen2.5-7B has 152,064 rows, 0.5B 151,936; the tokenizer 151,665 tokens):
     a resized copy of a float draft, or (a draft whose weights stay as the file ships them: no float rows to copy)
-    its LM head wrapped in place to give the target's number of logits. No constraint ever allows a padding id, so
-    those rows never matter, whatever they hold."""
+    its LM head wrapped in place (the caller passes a module of its own: runtime.owned.own) to give the target's
+    number of logits. No constraint ever allows a padding id, so those rows never matter, whatever they hold."""
     check_same_vocab(target_tokenizer, draft_tokenizer, target_model, draft_model)
     rows = output_rows(target_model)
     if output_rows(draft_model) == rows:

@@ -15,8 +15,12 @@ computes them (packed.py); another architecture with a window or a cap keeps sto
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -43,14 +47,19 @@ WINDOWED = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3")
 PER_ROW_ROPE = ("longrope",)
 
 
-def rope_types(config) -> set[str]:
+def config_of(model: torch.nn.Module) -> PretrainedConfig:
+    """A transformers model's config, as the type checker should see it."""
+    return cast("PretrainedConfig", model.config)
+
+
+def rope_types(config: PretrainedConfig) -> set[str]:
     """The rope types a config uses (one per layer type where they differ, as Gemma 3's)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     groups = params.values() if params and all(isinstance(v, dict) or v is None for v in params.values()) else [params]
     return {str((g or {}).get("rope_type", (g or {}).get("type", "default"))) for g in groups}
 
 
-def rope_support(config) -> tuple[bool, str]:
+def rope_support(config: PretrainedConfig) -> tuple[bool, str]:
     """(True, "") where every row's cos / sin depend on its own position alone (after `per_row_rotary`)."""
     other = rope_types(config) - {"default", "linear", "llama3", "yarn", *PER_ROW_ROPE}
     if other:
@@ -63,16 +72,19 @@ def per_row_rotary(model: torch.nn.Module) -> None:
     row's cos / sin would depend on the other rows packed with it. Here each row gets the set its own position picks
     (the one a one-token step picks): rows below original_max_position_embeddings the short, the rest the long."""
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rotary is None or "forward" in rotary.__dict__ or not rope_types(model.config) & set(PER_ROW_ROPE):
+    config = config_of(model)
+    if rotary is None or "forward" in rotary.__dict__ or not rope_types(config) & set(PER_ROW_ROPE):
         return
-    params = model.config.rope_parameters
-    limit = params.get("original_max_position_embeddings") or model.config.original_max_position_embeddings
+    params = config.rope_parameters
+    limit = params.get("original_max_position_embeddings") or config.original_max_position_embeddings
     stock = type(rotary).forward
 
-    def forward(x, position_ids, *args, **kwargs):
+    def forward(x: torch.Tensor, position_ids: torch.Tensor, *args: object,
+                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         long = position_ids >= limit
         if not bool(long.any()) or bool(long.all()):
-            return stock(rotary, x, position_ids, *args, **kwargs)
+            whole: tuple[torch.Tensor, torch.Tensor] = stock(rotary, x, position_ids, *args, **kwargs)
+            return whole
         parts = [stock(rotary, x, position_ids[sel].view(1, -1), *args, **kwargs) for sel in (~long, long)]
         cos = parts[0][0].new_empty((*position_ids.shape, parts[0][0].shape[-1]))
         sin = torch.empty_like(cos)
@@ -90,7 +102,7 @@ def stock_rotary(model: torch.nn.Module) -> None:
         rotary.__dict__.pop("forward", None)
 
 
-def layer_window(attn: torch.nn.Module, config) -> int:
+def layer_window(attn: torch.nn.Module, config: PretrainedConfig) -> int:
     """The sliding window a layer's attention applies (0: none), as its module hands it to the attention function:
     its own attribute where it has one (None on a full-attention layer), else the config's (Mistral, Phi-3)."""
     window = getattr(attn, "sliding_window") if hasattr(attn, "sliding_window") else getattr(config, "sliding_window",

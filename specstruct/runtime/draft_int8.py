@@ -13,10 +13,15 @@ import torch
 
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.linear import dense
+from specstruct.runtime.owned import marks
 
 
 class Int8Linear(torch.nn.Module):
     """nn.Linear's computation on int8 weights with a float32 scale per output: y = (x Q^T) * scale + bias."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -43,4 +48,4 @@ def quantize(model: torch.nn.Module) -> None:
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 setattr(parent, name, Int8Linear(child))
-    model._specstruct_draft_numerics = "int8 weight-only (per-row scale, fixed-order kernel), draft only"
+    marks(model).draft_numerics = "int8 weight-only (per-row scale, fixed-order kernel), draft only"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Iterator, Protocol, cast
 
 import torch
 
@@ -32,7 +33,7 @@ from specstruct.runtime.load_memory import empty_on_huge_pages
 KERNELS = ("fixed", "onednn")
 _KERNEL = native.Kernel("specstruct_fixed_linear", Path(__file__).parent / "csrc" / "fixed_linear.cpp",
                         "the fixed-order Linear kernel", "using oneDNN's linear instead")
-_RUNNING: object | None = None  # another build of the kernel, inside `running`
+_RUNNING: FixedLinearOps | None = None  # another build of the kernel, inside `running`
 
 
 def requested_kernel() -> str:
@@ -44,7 +45,7 @@ def requested_kernel() -> str:
 
 
 @contextlib.contextmanager
-def using(name: str):
+def using(name: str) -> Iterator[None]:
     """SPECSTRUCT_LINEAR=name for the models packed inside the block (benchmarks comparing kernels), then as before."""
     before = os.environ.get("SPECSTRUCT_LINEAR")
     os.environ["SPECSTRUCT_LINEAR"] = name
@@ -57,21 +58,34 @@ def using(name: str):
             os.environ["SPECSTRUCT_LINEAR"] = before
 
 
-def kernel():
+class FixedLinearOps(Protocol):
+    """What csrc/fixed_linear.cpp's extension provides."""
+
+    panel_width: int
+    simd: str
+
+    def linear(self, x: torch.Tensor, panels: torch.Tensor, out_features: int,
+               bias: torch.Tensor | None) -> torch.Tensor: ...
+
+    def linear_int8(self, x: torch.Tensor, panels: torch.Tensor, out_features: int, scale: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor: ...
+
+
+def kernel() -> FixedLinearOps | None:
     """The built extension, or None (then `why_not()` says why). Built on first use, then loaded from cache."""
     if requested_kernel() == "onednn":
         return None
     return built() if _KERNEL.load() is not None else None
 
 
-def built():
+def built() -> FixedLinearOps:
     """The extension if this process built it (what packed weights were made for), whatever SPECSTRUCT_LINEAR
     says now."""
-    return _RUNNING or _KERNEL.module
+    return cast(FixedLinearOps, _RUNNING or _KERNEL.module)
 
 
 @contextlib.contextmanager
-def running(ext):
+def running(ext: FixedLinearOps) -> Iterator[None]:
     """Packed weights computed by another build of this kernel inside the block (bench/kernel_ab compares two
     versions of the source on the same panels; both must pack the same panel width), then by this one again."""
     global _RUNNING
@@ -85,9 +99,9 @@ def running(ext):
         _RUNNING = before
 
 
-def kernel_for(march: str):
+def kernel_for(march: str) -> FixedLinearOps:
     """This kernel's source built for another instruction set (native.Kernel.for_march)."""
-    return _KERNEL.for_march(march)
+    return cast(FixedLinearOps, _KERNEL.for_march(march))
 
 
 def why_not() -> str | None:
@@ -108,21 +122,23 @@ class PanelWeight(PackedWeight):
         out.out_features = weight.shape[0]
         return out
 
-    @property
-    def shape(self) -> torch.Size:
+    out_features: int
+
+    @property  # the plain weight's shape, read-only
+    def shape(self) -> torch.Size:  # type: ignore[override]
         return torch.Size((self.out_features, self.data.shape[1]))
 
-    def size(self, dim: int | None = None):
+    def size(self, dim: int | None = None) -> torch.Size | int:  # type: ignore[override]
         return self.shape if dim is None else self.shape[dim]
 
-    def to_dense(self) -> torch.Tensor:
+    def to_dense(self, dtype: torch.dtype | None = None, *, masked_grad: bool | None = None) -> torch.Tensor:
         p, k, nb = self.data.shape
         return self.data.permute(0, 2, 1).reshape(p * nb, k)[: self.out_features].contiguous()
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, object]) -> "PanelWeight":
         if id(self) not in memo:
             memo[id(self)] = PanelWeight.pack(self.to_dense())
-        return memo[id(self)]
+        return cast(PanelWeight, memo[id(self)])
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PanelWeight":
         plain = dense(src)
@@ -160,9 +176,10 @@ def fixed_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
     if not isinstance(weight, PanelWeight):  # a weight shared with another parameter (tied embeddings) stays plain
         return onednn_linear_forward(self, x)
     rows = x.reshape(-1, x.shape[-1])
+    bias_rows: torch.Tensor | None = bias
     if torch.is_grad_enabled():  # the kernel has no autograd formula: no gradient ever flows through it
-        rows, bias = rows.detach(), None if bias is None else bias.detach()
-    y = built().linear(rows, weight.data, weight.out_features, bias)  # built: the weight was packed for it
+        rows, bias_rows = rows.detach(), None if bias is None else bias.detach()
+    y = built().linear(rows, weight.data, weight.out_features, bias_rows)  # built: the weight was packed for it
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

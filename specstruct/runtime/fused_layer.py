@@ -22,12 +22,61 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
 from specstruct.runtime import native, packed
-from specstruct.runtime.architectures import ACTIVATIONS, ARCHITECTURES, Traits, layer_softcap, layer_window, norm_eps
+from specstruct.runtime.architectures import (ACTIVATIONS, ARCHITECTURES, Traits, config_of, layer_softcap,
+                                              layer_window, norm_eps)
 from specstruct.runtime.quantized import QuantLinear, QuantWeight, merge_linears
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
+
+class _LayerOps(Protocol):
+    """What csrc/layer_ops.cpp's extension provides."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor: ...
+
+    def head_rms_norm_(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None: ...
+
+    def rope_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: int) -> None: ...
+
+    def add_rms_norm(self, h: torch.Tensor, o: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                     residual_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor: ...
+
+    def gelu_tanh_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Norm(Protocol):
+    weight: torch.Tensor
+
+
+class _Attention(Protocol):
+    """What the fused forward reads of transformers' attention module."""
+
+    head_dim: int
+    layer_idx: int
+    scaling: float
+    q_norm: _Norm
+    k_norm: _Norm
+    o_proj: torch.nn.Module
+
+
+class _Layer(Protocol):
+    """What the fused forward reads of transformers' decoder layer."""
+
+    self_attn: _Attention
+    mlp: torch.nn.Module
+    input_layernorm: _Norm
+    post_attention_layernorm: _Norm
+    pre_feedforward_layernorm: _Norm
+    post_feedforward_layernorm: _Norm
+
 
 _KERNEL = native.Kernel("specstruct_layer_ops", Path(__file__).parent / "csrc" / "layer_ops.cpp",
                         "the decoder layer's small ops", "decoder layers run transformers' own forward")
@@ -49,7 +98,7 @@ def _norms(layer: torch.nn.Module, traits: Traits) -> list[str]:
 def fused_support(model: torch.nn.Module) -> tuple[bool, str]:
     """(True, "") when every decoder layer of `model` is one computed here (architectures.ARCHITECTURES); else the
     reason."""
-    cfg = model.config
+    cfg = config_of(model)
     traits = ARCHITECTURES.get(cfg.model_type)
     if traits is None:
         return False, f"model type {cfg.model_type!r} is not one of {MODEL_TYPES}"
@@ -70,7 +119,8 @@ def fused_support(model: torch.nn.Module) -> tuple[bool, str]:
             return False, f"layer {getattr(attn, 'layer_idx', '?')} is not a {cfg.model_type} layer as expected"
         norms = [getattr(layer, n, None) for n in _norms(layer, traits)] + (qk_norms if traits.qk_norm else [])
         for norm in norms:
-            if norm_eps(norm) is None or norm.weight.dtype != torch.float32:
+            if not isinstance(norm, torch.nn.Module) or norm_eps(norm) is None or \
+                    cast(torch.Tensor, norm.weight).dtype != torch.float32:
                 return False, f"{type(norm).__name__} is not a float32 RMSNorm"
         if traits.sandwich and norm_eps(layer.post_attention_layernorm) != norm_eps(layer.pre_feedforward_layernorm):
             return False, "the norms around the residual add have different epsilons"
@@ -83,18 +133,21 @@ def fuse(model: torch.nn.Module) -> bool:
     """Give every decoder layer the fused forward where `fused_support` allows (idempotent); True if it did."""
     if not fused_support(model)[0]:
         return False
-    cfg = model.config
+    cfg = config_of(model)
     traits = ARCHITECTURES[cfg.model_type]
     qkv, gate_up = _names(traits)
-    for layer in model.model.layers:
+    for layer in cast("list[torch.nn.Module]", model.get_submodule("model.layers")):
         if "forward" not in layer.__dict__:
-            attn, mlp = layer.self_attn, layer.mlp
-            d = attn.head_dim
-            hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+            attn, mlp = cast(torch.nn.Module, layer.self_attn), cast(torch.nn.Module, layer.mlp)
+            d: int = cast(int, attn.head_dim)
+            hq: int = cfg.num_attention_heads
+            hkv: int = cfg.num_key_value_heads
+            eps = norm_eps(cast(torch.nn.Module, layer.input_layernorm))
+            assert eps is not None  # fused_support checked every norm
             plan = _Plan(_calls(attn, qkv, (hq * d, hkv * d, hkv * d)), _calls(mlp, gate_up, (cfg.intermediate_size,) * 2),
-                         traits, norm_eps(layer.input_layernorm), layer_window(attn, cfg), layer_softcap(attn),
+                         traits, eps, layer_window(attn, cfg), layer_softcap(attn),
                          getattr(cfg, traits.activation_key) == "silu")
-            layer.forward = functools.partial(fused_forward, layer, plan)
+            layer.forward = functools.partial(fused_forward, cast(_Layer, layer), plan)
     return True
 
 
@@ -138,7 +191,8 @@ def _calls(parent: torch.nn.Module, names: list[str], sizes: tuple[int, ...]) ->
 def _outputs(parent: torch.nn.Module, calls: tuple[_Call, ...], x: torch.Tensor) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for call in calls:
-        y = getattr(parent, call.name).forward(x) if call.weight is None else call.weight.linear(x, call.bias)
+        y = parent.get_submodule(call.name or "").forward(x) if call.weight is None else \
+            call.weight.linear(x, call.bias)
         out += y.split(call.sizes, dim=-1) if len(call.sizes) > 1 else [y]
     return out
 
@@ -149,21 +203,27 @@ def unfuse(model: torch.nn.Module) -> None:
         layer.__dict__.pop("forward", None)
 
 
-def fused_forward(self, plan: _Plan, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
-                  use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
+def fused_forward(self: _Layer, plan: _Plan, hidden_states: torch.Tensor, attention_mask: object = None,
+                  position_ids: torch.Tensor | None = None, cache: Cache | None = None, use_cache: bool = False,
+                  position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  **kwargs: object) -> torch.Tensor:
     """transformers' decoder layer: h += attn(norm(h)); h += mlp(norm(h)) (Gemma: h += norm(attn(norm(h))),
     h += norm(mlp(norm(h)))). hidden_states [1, N, C]."""
     b, n, c = hidden_states.shape
     if b != 1 or hidden_states.dtype != torch.float32:  # the packed runtime passes one row of N tokens
-        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                  cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        layer = cast(torch.nn.Module, self)
+        stock: torch.Tensor = type(layer).forward(layer, hidden_states, attention_mask=attention_mask,
+                                                  position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                                  position_embeddings=position_embeddings, **kwargs)
+        return stock
     if cache is None:  # transformers before 5.2x hands the layer its cache under the older names
-        cache = kwargs.pop("past_key_values", None) or kwargs.pop("past_key_value", None)
-    ops, t, eps = _KERNEL.module, plan.traits, plan.eps
+        cache = cast("Cache | None", kwargs.pop("past_key_values", None) or kwargs.pop("past_key_value", None))
+    ops, t, eps = cast(_LayerOps, _KERNEL.module), plan.traits, plan.eps
+    assert position_embeddings is not None  # transformers' decoder hands every layer its cos / sin
     attn, mlp = self.self_attn, self.mlp
     h = hidden_states.reshape(b * n, c)
     x = ops.rms_norm(h, self.input_layernorm.weight, eps, t.norm_offset)
-    q, k, v = (y if y.dim() == 2 else y.reshape(b * n, -1) for y in _outputs(attn, plan.qkv, x))
+    q, k, v = (y if y.dim() == 2 else y.reshape(b * n, -1) for y in _outputs(cast(torch.nn.Module, attn), plan.qkv, x))
     d = attn.head_dim
     if t.qk_norm:
         ops.head_rms_norm_(q, attn.q_norm.weight, eps, t.norm_offset)
@@ -184,7 +244,7 @@ def fused_forward(self, plan: _Plan, hidden_states: torch.Tensor, attention_mask
         h, x = ops.add_rms_norm(h, o, self.post_attention_layernorm.weight, eps, t.norm_offset)
     gate, up = _outputs(mlp, plan.gate_up, x)
     g = ops.silu_mul(gate, up) if plan.silu else ops.gelu_tanh_mul(gate, up)
-    y = mlp.down_proj.forward(g)
+    y: torch.Tensor = cast(torch.nn.Module, mlp.down_proj).forward(g)
     if t.sandwich:
         y = ops.rms_norm(y, self.post_feedforward_layernorm.weight, eps, t.norm_offset)
     return h.add_(y).view(b, n, c)

@@ -29,11 +29,14 @@ class Format:
     lut: bool = False  # u is a 4-bit code standing for kvalues_iq4nl[u] + 128 (zero 128)
 
 
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]
+
+
 @dataclass(frozen=True)
 class BlockType:
     """A GGUF block type: its decoder, the layout it decodes to, and its blocks' shape."""
 
-    decode: Callable  # blocks -> (u, scale, sub-scale or None, min or None, sub-min or None)
+    decode: Callable[[np.ndarray], Decoded]  # blocks -> (u, scale, sub-scale or None, min or None, sub-min or None)
     fmt: Format
     weights: int  # per block
     nbytes: int   # per block
@@ -63,30 +66,31 @@ def _pairs(qs: np.ndarray) -> np.ndarray:
 
 # Each decoder: blocks [n, bytes] -> (u [n, weights per block] uint8, scale [n, super-blocks], sub-scale [n, groups]
 # int8 or None, min, sub-min): the group scale is scale * sub-scale (or scale where there is no sub-scale).
-def _q8_0(blocks: np.ndarray):
+def _q8_0(blocks: np.ndarray) -> Decoded:
     d, qs = _f16(blocks[:, :2]), blocks[:, 2:]
     return qs ^ np.uint8(0x80), d, None, None, None  # int8 q + 128 as unsigned
 
 
-def _q4_0(blocks: np.ndarray):
+def _q4_0(blocks: np.ndarray) -> Decoded:
     return _nibbles(blocks[:, 2:]), _f16(blocks[:, :2]), None, None, None
 
 
-def _q4_1(blocks: np.ndarray):  # w = d * q + m: the min held negated (exact in fp16), w = d * q - (-m)
+def _q4_1(blocks: np.ndarray) -> Decoded:  # w = d * q + m: the min held negated (exact in fp16), w = d * q - (-m)
     return _nibbles(blocks[:, 4:]), _f16(blocks[:, :2]), None, -_f16(blocks[:, 2:4]), None
 
 
-def _q5_0(blocks: np.ndarray):
+def _q5_0(blocks: np.ndarray) -> Decoded:
     high = _bits(blocks[:, 2:6], 32)
     return _nibbles(blocks[:, 6:]) | (high << np.uint8(4)), _f16(blocks[:, :2]), None, None, None
 
 
-def _q5_1(blocks: np.ndarray):
+def _q5_1(blocks: np.ndarray) -> Decoded:
     high = _bits(blocks[:, 4:8], 32)
     return _nibbles(blocks[:, 8:]) | (high << np.uint8(4)), _f16(blocks[:, :2]), None, -_f16(blocks[:, 2:4]), None
 
 
-def _k_scales(blocks: np.ndarray):  # Q4_K and Q5_K: d, dmin, 6-bit scales and mins per group of 32
+# Q4_K and Q5_K: d, dmin, 6-bit scales and mins per group of 32
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     from gguf.quants import Q4_K
 
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
@@ -99,18 +103,18 @@ def _k_nibbles(qs: np.ndarray) -> np.ndarray:  # [n, 128] -> [n, 256]: 32 bytes 
     return (out & np.uint8(0x0F)).reshape(n, QK_K)
 
 
-def _q4_k(blocks: np.ndarray):
+def _q4_k(blocks: np.ndarray) -> Decoded:
     d, sc, dmin, m = _k_scales(blocks)
     return _k_nibbles(blocks[:, 16:]), d, sc, dmin, m
 
 
-def _q5_k(blocks: np.ndarray):
+def _q5_k(blocks: np.ndarray) -> Decoded:
     d, sc, dmin, m = _k_scales(blocks)
     high = _bits(blocks[:, 16:48], 8 * 32).reshape(-1, 32, 8).transpose(0, 2, 1).reshape(-1, QK_K)  # bit i: 32i + l
     return _k_nibbles(blocks[:, 48:]) | (high << np.uint8(4)), d, sc, dmin, m
 
 
-def _q6_k(blocks: np.ndarray):
+def _q6_k(blocks: np.ndarray) -> Decoded:
     n = blocks.shape[0]
     ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], _f16(blocks[:, 208:210])
     low = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
@@ -119,7 +123,7 @@ def _q6_k(blocks: np.ndarray):
     return u, d, np.ascontiguousarray(sc).view(np.int8), None, None
 
 
-def _q3_k(blocks: np.ndarray):  # q = low2 - 4 where the hmask bit is clear: u = low2 | hbit << 2, zero 4
+def _q3_k(blocks: np.ndarray) -> Decoded:  # q = low2 - 4 where the hmask bit is clear: u = low2 | hbit << 2, zero 4
     n = blocks.shape[0]
     high = _bits(blocks[:, :32], 8 * 32).reshape(n, 32, 8).transpose(0, 2, 1).reshape(n, QK_K)
     s = blocks[:, 96:108]
@@ -129,17 +133,17 @@ def _q3_k(blocks: np.ndarray):  # q = low2 - 4 where the hmask bit is clear: u =
     return _pairs(blocks[:, 32:96]) | (high << np.uint8(2)), _f16(blocks[:, 108:110]), sc, None, None
 
 
-def _q2_k(blocks: np.ndarray):  # w = d * sc * q - dmin * m, 4-bit sc and m per group of 16
+def _q2_k(blocks: np.ndarray) -> Decoded:  # w = d * sc * q - dmin * m, 4-bit sc and m per group of 16
     s = blocks[:, :16]
     sc, m = (s & np.uint8(0x0F)).view(np.int8), (s >> np.uint8(4)).view(np.int8)
     return _pairs(blocks[:, 16:80]), _f16(blocks[:, 80:82]), sc, _f16(blocks[:, 82:84]), m
 
 
-def _iq4_nl(blocks: np.ndarray):
+def _iq4_nl(blocks: np.ndarray) -> Decoded:
     return _nibbles(blocks[:, 2:]), _f16(blocks[:, :2]), None, None, None
 
 
-def _iq4_xs(blocks: np.ndarray):  # d, 6-bit signed scales per 32 (4 low bits in scales_l, 2 high in scales_h)
+def _iq4_xs(blocks: np.ndarray) -> Decoded:  # d, 6-bit signed scales per 32 (4 low bits in scales_l, 2 high in scales_h)
     n = blocks.shape[0]
     high = blocks[:, 2:4].copy().view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))[None, :]
     low = (blocks[:, 4:8].reshape(n, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)).reshape(n, 8)

@@ -77,6 +77,9 @@ class HalfWeight:
 class HalfLinear(torch.nn.Module):
     """nn.Linear's computation on a HalfWeight: y = x W^T + b, float32 activations and results."""
 
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: HalfWeight, bias: torch.Tensor | None = None):
         super().__init__()
         self.hweight = weight

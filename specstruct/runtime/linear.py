@@ -17,10 +17,13 @@ are given. Other uses of the raw weight (arithmetic, `.half()`, `.to("cuda")`) n
 
 from __future__ import annotations
 
+from typing import Callable, NoReturn, cast
+
 import torch
 
 from specstruct.errors import SpecStructError
 from specstruct.runtime.load_memory import file_ranges, page_out
+from specstruct.runtime.owned import marks, peek
 
 
 def onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -29,12 +32,12 @@ def onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tenso
     n = rows.shape[0]
     if n == 1:
         rows = torch.cat([rows, rows])  # oneDNN's 1-row kernel sums differently: keep every row on one path
-    bias = self.bias
+    bias: torch.Tensor | None = self.bias
     if torch.is_grad_enabled():
         # The kernel has no autograd formula (no gradient ever flowed through it), and with a prepacked weight an
         # input that requires grad changes a small layer's last bits (40x72, measured): keep autograd out of it.
         rows, bias = rows.detach(), None if bias is None else bias.detach()
-    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, bias, "none", [], "")
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, bias, "none", [], "")
     return y[:n].reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -46,19 +49,21 @@ _FIX = "call specstruct.runtime.model_runtime.restore_stock(model) first (it res
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    return packed
 
 
 class PackedWeight(torch.nn.Parameter):
     """A Linear weight in oneDNN's blocked layout (an opaque mkldnn tensor: `shape`, `dtype`, `numel()`
     work, its storage cannot be read). `to_dense()` gives the plain weight back, bitwise."""
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, object]) -> "PackedWeight":
         if id(self) not in memo:
             memo[id(self)] = PackedWeight(self.data.clone(), self.requires_grad)
-        return memo[id(self)]
+        return cast(PackedWeight, memo[id(self)])
 
-    def __reduce_ex__(self, proto):  # pickling (torch.save of a whole module) writes the plain weight
+    # pickling (torch.save of a whole module) writes the plain weight
+    def __reduce_ex__(self, proto: object) -> tuple[type, tuple[torch.Tensor, bool]]:
         return torch.nn.Parameter, (self.to_dense(), False)
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PackedWeight":
@@ -66,13 +71,13 @@ class PackedWeight(torch.nn.Parameter):
         self.data = _reorder(dense(src).to(torch.float32))
         return self
 
-    def to(self, *args, **kwargs):
-        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    def to(self, *args: object, **kwargs: object) -> "PackedWeight":  # refuses moves
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)  # type: ignore[call-overload]
         if (device is None or device.type == "cpu") and dtype in (None, torch.float32):
             return self
         raise PackedWeightError(f"a prepacked Linear weight cannot be moved to {device or dtype}; {_FIX}")
 
-    def _refuse(self, *args, **kwargs):
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
         raise PackedWeightError(f"a prepacked Linear weight is float32 on the CPU only; {_FIX}")
 
     half = bfloat16 = double = cuda = _refuse
@@ -83,7 +88,8 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if isinstance(t, PackedWeight) or t.is_mkldnn else t
 
 
-def dense_state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
+def dense_state_dict_hook(module: torch.nn.Module, state_dict: dict[str, object], prefix: str,
+                          local_metadata: object) -> None:
     """state_dict post-hook of a packed Linear: the plain weight, as a checkpoint expects."""
     key = prefix + "weight"
     if isinstance(module.weight, PackedWeight) and isinstance(state_dict.get(key), torch.Tensor):
@@ -107,7 +113,7 @@ def shared_weights(model: torch.nn.Module) -> set[int]:
     return shared
 
 
-def pack_weights(model: torch.nn.Module, pack, kind: type, word: str) -> str:
+def pack_weights(model: torch.nn.Module, pack: Callable[[torch.Tensor], torch.Tensor], kind: type, word: str) -> str:
     """Replace every unshared float32 CPU nn.Linear weight by `pack(weight)` (a `kind`, idempotent); a few words
     for the numerics string. Where packing fails, the weights left stay plain (the results are the same)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -123,9 +129,9 @@ def pack_weights(model: torch.nn.Module, pack, kind: type, word: str) -> str:
             new = pack(w)
         except Exception as e:  # an op missing from this torch build, or refusing this weight
             return f"{packed} of {len(linears)} weights {word} ({word[:-2]}ing failed: {type(e).__name__})"
-        mod._specstruct_weight_grad = w.requires_grad
+        marks(mod).weight_grad = w.requires_grad
         mod.weight = new
-        mod.register_state_dict_post_hook(dense_state_dict_hook)
+        mod.register_state_dict_post_hook(dense_state_dict_hook)  # type: ignore[no-untyped-call]
         if mapped:
             page_out(w, mapped)  # its file pages were read once for packing: give them back now, not at the end
         packed += 1
@@ -141,7 +147,7 @@ def unpack_linears(model: torch.nn.Module) -> None:
     """Give every packed Linear its plain weight back (a Parameter, bitwise equal to the original)."""
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, PackedWeight):
-            grad = mod.__dict__.pop("_specstruct_weight_grad", False)
+            grad = peek(mod).weight_grad
             mod.weight = torch.nn.Parameter(mod.weight.to_dense(), requires_grad=grad)
             for key, hook in list(mod._state_dict_hooks.items()):
                 if hook is dense_state_dict_hook:

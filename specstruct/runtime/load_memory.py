@@ -49,7 +49,7 @@ _PAGE = 4096
 _MADV_PAGEOUT = 21  # Linux 5.4+; an older kernel answers EINVAL and the pages are simply left to the kernel
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:

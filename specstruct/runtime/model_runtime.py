@@ -36,8 +36,10 @@ import torch
 from specstruct.models.loading import output_rows
 from specstruct.runtime import architectures, fixed_linear, half_linear, quantized
 from specstruct.runtime.fused_layer import fuse, unfuse
+from specstruct.runtime.kv.layers import KVLayers
 from specstruct.runtime.linear import PackedWeight, onednn_linear_forward, pack_linears, unpack_linears
 from specstruct.runtime.load_memory import file_ranges, own_mapped_tensors, page_out
+from specstruct.runtime.owned import forget, hand_over, marks, own, peek
 from specstruct.runtime.packed import ATTN_NAME, KVSequence, forward_packed, use_packed_attention
 
 
@@ -48,7 +50,7 @@ def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
     routed through transformers' AttentionInterface. Otherwise (False, the reason): a window or a cap elsewhere,
     attention sinks, chunked attention and rotary embeddings scaled by a pass's length would all be computed
     wrongly, silently. tests/unit/runtime/test_row_invariant_support.py checks each."""
-    cfg = model.config
+    cfg = architectures.config_of(model)
     if not getattr(model, "_supports_attention_backend", False):
         return False, f"{type(model).__name__} does not route attention through transformers' AttentionInterface"
     windowed = cfg.model_type in architectures.WINDOWED
@@ -57,12 +59,12 @@ def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
     if getattr(cfg, "attention_chunk_size", None):
         return False, "chunked attention is in use"
     layer_types = getattr(cfg, "layer_types", None)
-    window = getattr(cfg, "sliding_window", None)
+    window: int | None = getattr(cfg, "sliding_window", None)
     if layer_types is not None:
         sliding = any("sliding" in str(t) or "chunk" in str(t) for t in layer_types)
     else:
-        sliding = getattr(cfg, "use_sliding_window", None) is not False and bool(window) and \
-            window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
+        sliding = getattr(cfg, "use_sliding_window", None) is not False and window is not None and window > 0 \
+            and window < (getattr(cfg, "max_position_embeddings", 0) or float("inf"))
     if sliding and not windowed:
         return False, f"a sliding window ({window} tokens) is in use"
     if layer_types is not None and any("chunk" in str(t) for t in layer_types):
@@ -80,13 +82,16 @@ def row_invariant_support(model: torch.nn.Module) -> tuple[bool, str]:
 
 def row_invariant_available(model: torch.nn.Module) -> bool:
     p = next(model.parameters())
-    return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    onednn = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+    return p.device.type == "cpu" and p.dtype == torch.float32 and onednn
 
 
 def make_row_invariant(model: torch.nn.Module) -> str:
-    """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description."""
-    if getattr(model, "_specstruct_numerics", None):
-        return model._specstruct_numerics
+    """Switch a CPU float32 model to row-invariant numerics in place (idempotent). Returns a description.
+    ModelRuntime calls it on a module it owns (owned.py), never on a user's."""
+    mark = marks(model)
+    if mark.numerics:
+        return mark.numerics
     blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
     halves = half_linear.describe(model)  # and 16-bit weights on the fixed-order kernel
     kernels = [f"block-quantized linear, {quantized.simd()}"] if blocks else []
@@ -99,13 +104,13 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         desc = f"stock ({p.dtype}, {p.device.type})" + (f": not row-invariant because {reason}" if reason else "")
         if formats:  # the attention is the model's own
             desc = f"{formats} weights ({'; '.join(kernels)}); {desc}"
-        model._specstruct_numerics = desc
+        mark.numerics = desc
         return desc
     fixed = fixed_linear.kernel() is not None
     forward = fixed_linear.fixed_linear_forward if fixed else onednn_linear_forward
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            mod.forward = types.MethodType(forward, mod)
+            mod.forward = types.MethodType(forward, mod)  # type: ignore[method-assign]
     weights = fixed_linear.pack_panels(model) if fixed else pack_linears(model)
     if any(isinstance(getattr(m, "weight", None), PackedWeight) for m in model.modules()):
         own_mapped_tensors(model)  # packed copies replaced the file's weights: let the file's mapping close
@@ -119,11 +124,11 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         if halves:
             kernels[-1] += ", float32 activations"
         others = "" if weights.startswith("0 of 0") else f"; other linears {weights}"
-        model._specstruct_numerics = (f"{formats} weights, row-invariant ({'; '.join(kernels)}{others}; row-wise "
-                                      f"attention in {attention})")
-        return model._specstruct_numerics
-    model._specstruct_numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
-    return model._specstruct_numerics
+        mark.numerics = (f"{formats} weights, row-invariant ({'; '.join(kernels)}{others}; row-wise "
+                         f"attention in {attention})")
+        return mark.numerics
+    mark.numerics = f"float32, row-invariant ({linear}, {weights}; row-wise attention in {attention})"
+    return mark.numerics
 
 
 def restore_stock(model: torch.nn.Module) -> None:
@@ -137,10 +142,9 @@ def restore_stock(model: torch.nn.Module) -> None:
             del mod.forward
     for sub in model.modules():
         cfg = getattr(sub, "config", None)
-        if getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) == ATTN_NAME:
             cfg._attn_implementation = "sdpa"
-    model.__dict__.pop("_specstruct_numerics", None)
-    model.__dict__.pop("_specstruct_attention", None)
+    forget(model)
 
 
 def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Module:
@@ -152,7 +156,7 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
     row's result depend on its neighbours.)"""
     import warnings
 
-    q = copy.deepcopy(model)
+    q = copy.deepcopy(model)  # the runtime's own copy (handed over below): `model` stays as it was
     if next(q.parameters()).dtype != torch.float32:  # torch.ao's dynamic int8 kernels take float32 activations
         q = q.float()
     ranges = file_ranges()
@@ -162,13 +166,18 @@ def quantize_draft(model: torch.nn.Module, torchao: bool = False) -> torch.nn.Mo
         from specstruct.runtime.draft_int8 import quantize
 
         quantize(q)
+        hand_over(q)
         return q
     unpack_linears(q)  # torch.ao reads plain weights; `model` itself keeps its prepacked ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernel itself is current
-        q = torch.ao.quantization.quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    q._specstruct_draft_numerics = "int8 dynamic (torch.ao), draft only"
-    q._specstruct_rows_coupled = True  # a row's result depends on the other rows of its call
+        quantized: torch.nn.Module = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            q, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        q = quantized
+    hand_over(q)
+    mark = marks(q)
+    mark.draft_numerics = "int8 dynamic (torch.ao), draft only"
+    mark.rows_coupled = True  # a row's result depends on the other rows of its call
     return q
 
 
@@ -183,8 +192,11 @@ class ModelRuntime:
     The spec layer's BatchDecoder is its one caller; `specstruct.testing.OneSequence` drives one sequence for tests."""
 
     def __init__(self, model: torch.nn.Module, *, row_invariant: bool = True):
-        self.model = model.eval()
-        self.numerics = make_row_invariant(model) if row_invariant else "stock"
+        model = own(model).eval()  # a user's module stays as it is: the runtime switches its structural copy
+        self.model = model
+        switched = make_row_invariant(model) if row_invariant else "stock"
+        # what computes; an int8 draft names its own format (a result's stats.numerics shows it after "draft:")
+        self.numerics = peek(model).draft_numerics or switched
         self.packed = row_invariant_support(model)[0]  # the packed attention is exact for this architecture
         if self.packed:
             use_packed_attention(model)  # packing needs the segment-aware attention whatever the linear kernel
@@ -193,16 +205,16 @@ class ModelRuntime:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         # torch.ao's dynamic int8 (a draft's fallback) scales activations per tensor: rows then depend on their
         # neighbours; the weight-only int8 draft (draft_int8.py) is row-invariant like the target
-        self.row_invariant = "row-invariant" in self.numerics and not getattr(model, "_specstruct_rows_coupled", False)
+        self.row_invariant = "row-invariant" in switched and not peek(model).rows_coupled
         # the engine's prefix cache serves this runtime where prefill results do not depend on where a cached
         # prefix ends: row-invariant numerics (linears) and the packed row-wise attention
         self.cache_key = (id(model), self.numerics)  # its namespace in a prefix cache
         self.reuses_prefixes = self.row_invariant and self.packed
         self._cache_arg = cache_kwarg(model)
 
-    def sequence(self, layers: list | None = None, length: int = 0) -> KVSequence:
+    def sequence(self, layers: KVLayers | None = None, length: int = 0) -> KVSequence:
         """A new sequence (its own KV cache) for `forward`: empty, or holding a copy of `layers`."""
-        return KVSequence(self.model.config, layers, length)
+        return KVSequence(architectures.config_of(self.model), layers, length)
 
     def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int],
                 masks: Sequence[Sequence[torch.Tensor] | None] | None = None) -> list[torch.Tensor]:
@@ -220,4 +232,5 @@ class ModelRuntime:
                          position_ids=torch.arange(seq.length, seq.length + n, device=self.device).unsqueeze(0),
                          use_cache=True, logits_to_keep=max(want, 1), **{self._cache_arg: seq.cache})
         seq.length += n
-        return out.logits[0, out.logits.shape[1] - want :].float()
+        logits: torch.Tensor = out.logits
+        return logits[0, logits.shape[1] - want :].float()

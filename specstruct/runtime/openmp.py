@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable
+from typing import Callable, ParamSpec, TypeVar
 
 _lock = threading.Lock()
 _pause: Callable[[int], int] | None = None
@@ -69,10 +69,14 @@ def release_pool() -> bool:
     return True
 
 
-def releasing(job: Callable[..., object]) -> Callable[..., object]:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def releasing(job: Callable[_P, _R]) -> Callable[_P, _R]:
     """`job` run by a helper thread, which gives its pool back afterwards."""
 
-    def run(*args: object, **kwargs: object) -> object:
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return job(*args, **kwargs)
         finally:

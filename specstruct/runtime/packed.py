@@ -24,17 +24,40 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, cast
 
 import torch
 
 from specstruct.runtime import architectures, native, sparse_head
+from specstruct.runtime.kv.layers import KVLayers
+from specstruct.runtime.owned import marks, peek
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from transformers.cache_utils import DynamicLayer
 
 ATTN_NAME = "specstruct_rowwise"
 ATTENTIONS = ("cpp", "torch")
 _KERNEL = native.Kernel("specstruct_row_attention", Path(__file__).parent / "csrc" / "row_attention.cpp",
                         "the row-wise attention kernel", "attention runs as torch ops, row by row")
-_local = threading.local()
+
+
+class _Pass(threading.local):
+    """The pass running on this thread: its segments' layout and its row-wise attention (packed_attention reads
+    them: transformers calls it with the model's arguments only)."""
+
+    layout: list[_Segment] | None = None
+    attention: str | None = None
+
+
+_local = _Pass()
+
+
+class _AttentionOps(Protocol):
+    """What csrc/row_attention.cpp's extension provides."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int,
+               softcap: float) -> torch.Tensor: ...
 
 
 class KVSequence:
@@ -44,7 +67,7 @@ class KVSequence:
     its whole cache into a new tensor at every step (`torch.cat`), which at 3,000 cached tokens cost 6.3 ms of a
     50 ms step of the int8 0.5B draft and 16 ms of a 289 ms 1.5B step (`bench.step_breakdown`)."""
 
-    def __init__(self, config, layers: list | None = None, length: int = 0):
+    def __init__(self, config: PretrainedConfig, layers: KVLayers | None = None, length: int = 0):
         """Empty, or holding `layers` ([(key, value)] per layer, `length` positions; copied, never shared)."""
         from transformers import DynamicCache
 
@@ -57,15 +80,15 @@ class KVSequence:
             self.cache = DynamicCache(ddp_cache_data=layers, config=config)
         else:
             for layer, (k, v) in zip(self.cache.layers, layers or []):
-                layer.update(k, v)  # copies into the layer's own buffer
+                layer.update(k, v)  # type: ignore[union-attr]  # a DynamicLayer: copies into its own buffer
         self.length = length
 
-    def views(self) -> list:
+    def views(self) -> KVLayers:
         """The cache's (key, value) per layer, exactly the positions held, as views of its buffers: for a caller
         that copies what it keeps before the sequence changes again (the prefix cache's insert spans them)."""
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr, misc]
 
-    def layers(self) -> list:
+    def layers(self) -> KVLayers:
         """Copies of `views()`, to keep: the buffers grow in place and are rewritten after a crop."""
         return [(k.clone(), v.clone()) for k, v in self.views()]
 
@@ -92,29 +115,31 @@ def _growable() -> tuple[type, ...]:
 
 
 @functools.cache
-def _growing_layer():
+def _growing_layer() -> type[DynamicLayer]:
     """A transformers DynamicLayer whose keys and values live in buffers that grow by a quarter (at least 256
     positions) when full: `update` writes the new positions in place and `keys` / `values` are views of the
     positions held; `crop` (DynamicLayer's) shortens the views, and the next update overwrites what it dropped."""
     from transformers.cache_utils import DynamicLayer
 
-    class GrowingLayer(DynamicLayer):
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+                   **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             held, new = self.get_seq_length(), key_states.shape[-2]
-            buffers = getattr(self, "_kv_buffers", None)
+            buffers: tuple[torch.Tensor, ...] | None = self.__dict__.get("_kv_buffers")
             if buffers is None or held + new > buffers[0].shape[-2]:
                 room = max(held + new, held + held // 4, 256)
                 grown = tuple(s.new_empty((*s.shape[:-2], room, s.shape[-1])) for s in (key_states, value_states))
-                if held:
+                if held and self.keys is not None and self.values is not None:
                     grown[0][..., :held, :] = self.keys
                     grown[1][..., :held, :] = self.values
                 buffers = self._kv_buffers = grown
             buffers[0][..., held : held + new, :] = key_states
             buffers[1][..., held : held + new, :] = value_states
-            self.keys, self.values = buffers[0][..., : held + new, :], buffers[1][..., : held + new, :]
-            return self.keys, self.values
+            keys, values = buffers[0][..., : held + new, :], buffers[1][..., : held + new, :]
+            self.keys, self.values = keys, values
+            return keys, values
 
     return GrowingLayer
 
@@ -155,7 +180,7 @@ def _attend_rows_cpp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling:
                      softcap: float = 0.0) -> torch.Tensor:
     """_attend_rows_torch's computation in one C++ call (float32 CPU tensors; else the torch ops)."""
     if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu":
-        return _KERNEL.module.attend(q, k, v, scaling, window, softcap)
+        return cast(_AttentionOps, _KERNEL.module).attend(q, k, v, scaling, window, softcap)
     return _attend_rows_torch(q, k, v, scaling, window, softcap)
 
 
@@ -171,15 +196,17 @@ def attention_kernel() -> str:
     return "cpp" if name == "cpp" and _KERNEL.load() is not None else "torch"
 
 
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                     softcap=None, **kwargs):
+def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: object, scaling: float | None = None, dropout: float = 0.0,
+                     sliding_window: int | None = None, softcap: float | None = None,
+                     **kwargs: object) -> tuple[torch.Tensor, None]:
     """query [1, H, N, D], key/value [1, Hkv, N, D] (this pass's tokens only) -> ([1, N, H, D], None). The layer's
     sliding window and soft-capping come as transformers' attention modules pass them (model_runtime's
     row_invariant_support lists the architectures that do)."""
     _, h, n, d = query.shape
     hkv = key.shape[1]
     scaling = scaling if scaling is not None else d**-0.5
-    out = attend_pass(module.layer_idx, query[0].reshape(hkv, h // hkv, n, d), key, value, scaling,
+    out = attend_pass(cast(int, module.layer_idx), query[0].reshape(hkv, h // hkv, n, d), key, value, scaling,
                       sliding_window or 0, softcap or 0.0)
     return out.unsqueeze(0), None
 
@@ -190,8 +217,8 @@ def attend_pass(layer_idx: int, q: torch.Tensor, key: torch.Tensor, value: torch
     are fine) -> [N, Hkv*g, D]. Each segment of the pass's layout appends its keys and values to its own cache
     and attends over it; without a layout (a plain forward) the pass attends causally over its own tokens.
     `window` > 0: each row sees its last `window` keys; `softcap` > 0: scores soft-capped (_attend_rows_torch)."""
-    layout: list[_Segment] | None = getattr(_local, "layout", None)
-    attend = _ATTEND[getattr(_local, "attention", None) or attention_kernel()]
+    layout = _local.layout
+    attend = _ATTEND[_local.attention or attention_kernel()]
     if layout is None:  # a plain causal forward over the given keys (no cache routing)
         return attend(q, key[0], value[0], scaling, window, softcap)
     outs = []
@@ -217,9 +244,10 @@ def use_packed_attention(model: torch.nn.Module) -> str:
         cfg = getattr(sub, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTN_NAME
-    if getattr(model, "_specstruct_attention", None) is None:
-        model._specstruct_attention = attention_kernel()
-    return model._specstruct_attention
+    mark = marks(model)
+    if mark.attention is None:
+        mark.attention = attention_kernel()
+    return mark.attention
 
 
 @torch.inference_mode()
@@ -244,7 +272,7 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
     if not ids:
         return [torch.empty(0) for _ in segments]
     layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-    _local.layout, _local.attention = layout, getattr(model, "_specstruct_attention", None)
+    _local.layout, _local.attention = layout, peek(model).attention
     kept = None
     if masks is not None:
         if any(seg is not None and len(seg) != want for seg, want in zip(masks, keep)):

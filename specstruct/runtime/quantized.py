@@ -16,6 +16,8 @@ the rest of the model stays transformers' own. `quantize_float` makes the same l
 
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 
 import numpy as np
@@ -240,6 +242,7 @@ def merge_linears(mods: list[QuantLinear]) -> tuple[QuantWeight, torch.Tensor | 
     at = 0
     for m in mods:
         panels = -(-m.out_features // PANEL)
+        m.qweight = copy.copy(m.qweight)  # the module's own: another module (a user's) may share the QuantWeight
         for name, whole in merged.tensors().items():
             if whole is not None:
                 part = whole[at : at + panels]

@@ -177,6 +177,7 @@ class Runtime(Protocol):
     row_invariant: bool  # a row's logits do not depend on the other rows of a pass (batched == alone, bitwise)
     packed: bool  # the rows of a pass share one packed attention (its KV spans may be kept and reused)
     reuses_prefixes: bool  # a cached prefix's KV is bitwise what prefilling it cold gives (the prefix cache may serve)
+    max_length: int | None  # the most positions a sequence may hold (None: the model names no limit)
 
     @property
     def cache_key(self) -> Hashable:

@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 from specstruct.config import SpecConfig
 from specstruct.runtime.kv.prefix_cache import PrefixCache
-from specstruct.runtime.model_runtime import ModelRuntime
 from specstruct.constraints.base import Constraint
 from specstruct.spec.interfaces import Proposer, Runtime, Setup
 from specstruct.spec.policy import AdaptivePolicy
@@ -51,8 +50,7 @@ class Speculator:
         self.numerics: str = target.numerics
         if draft is not None:
             self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
-            own = getattr(draft.model, "_specstruct_draft_numerics", None) if isinstance(draft, ModelRuntime) else None
-            self.numerics += f"; draft: {own or draft.numerics}"
+            self.numerics += f"; draft: {draft.numerics}"
 
     def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:
         """One request, ready for `BatchDecoder.add`."""

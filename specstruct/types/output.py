@@ -121,9 +121,9 @@ class OutputSpec:
 def resolve(output_type: Any) -> OutputSpec:
     """Turn any supported output type into an OutputSpec; ConstraintError for anything else."""
     if output_type is None or output_type is str:
-        return OutputSpec(ConstraintSpec("text", None, "text"), None, "", lambda t: t, output_type)
+        return OutputSpec(ConstraintSpec("text", None), None, "", lambda t: t, output_type)
     if isinstance(output_type, Regex):
-        return OutputSpec(ConstraintSpec("regex", output_type.pattern, "regex"), None,
+        return OutputSpec(ConstraintSpec("regex", output_type.pattern), None,
                           f"Answer with text that matches the regular expression {output_type.pattern}",
                           lambda t: t, output_type)
     if isinstance(output_type, Choice):
@@ -132,10 +132,10 @@ def resolve(output_type: Any) -> OutputSpec:
         instruction = output_type.instruction
         if instruction is None:
             instruction = "Answer with text in the language of this Lark grammar:\n" + output_type.lark
-        return OutputSpec(ConstraintSpec("grammar", output_type.lark, "grammar"), None, instruction,
+        return OutputSpec(ConstraintSpec("grammar", output_type.lark), None, instruction,
                           lambda t: t, output_type)
     if isinstance(output_type, Code):
-        return OutputSpec(ConstraintSpec("code", None, "code"), None,
+        return OutputSpec(ConstraintSpec("code", None), None,
                           f"Answer with {output_type.language} code only, no explanation.",
                           lambda t: parse_code(t, output_type.language), output_type)
     if isinstance(output_type, dict):
@@ -167,7 +167,7 @@ def _choice(options: list[str], output_type: Any, convert: Callable[[str], Any])
             raise ValueError(f"{text!r} is not one of the options {options}")
         return convert(text)
 
-    return OutputSpec(ConstraintSpec("choice", json.dumps(options), "choice"), None,
+    return OutputSpec(ConstraintSpec("choice", json.dumps(options)), None,
                       "Answer with exactly one of: " + ", ".join(options) + ".", parse, output_type)
 
 
@@ -182,7 +182,7 @@ def _typed(t: Any) -> bool:
 def _pydantic(t: Any) -> OutputSpec:
     schema, adapter = pydantic_schema(t)
     source = relaxed(schema) if default_json_backend() == "outlines" else required_tags(llguidance_source(schema))
-    return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
+    return OutputSpec(ConstraintSpec("json", json.dumps(source)), schema, _json_instruction(schema),
                       adapter.validate_json, t)
 
 
@@ -244,7 +244,7 @@ def _schema_dict(schema: dict) -> OutputSpec:
         return value
 
     source = schema if default_json_backend() == "outlines" else llguidance_source(schema, from_pydantic=False)
-    return OutputSpec(ConstraintSpec("json", json.dumps(source), "json"), schema, _json_instruction(schema),
+    return OutputSpec(ConstraintSpec("json", json.dumps(source)), schema, _json_instruction(schema),
                       parse, schema)
 
 

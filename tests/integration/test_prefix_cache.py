@@ -39,7 +39,7 @@ def _same_kv(a, b):
 
 
 def _free(tok, rt):
-    return compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=rt.vocab_size,
+    return compile_constraint(ConstraintSpec("text", None), tok, vocab_size=rt.vocab_size,
                               eos_token_ids=[tok.eos_token_id])
 
 

@@ -33,12 +33,12 @@ PERSON = {
     "additionalProperties": False,
 }
 SPECS = {
-    "json": ConstraintSpec("json", json.dumps(PERSON), "json"),
-    "regex": ConstraintSpec("regex", r"(19|20)\d\d-(0[1-9]|1[0-2])-[0-2]\d", "regex"),
-    "choice": ConstraintSpec("choice", json.dumps(["positive", "negative", "neutral"]), "choice"),
-    "grammar": ConstraintSpec("grammar", 'start: "SELECT " COLS " FROM " NAME ";"\nCOLS: NAME (", " NAME)*\nNAME: /[a-z]{1,8}/', "grammar"),
-    "text": ConstraintSpec("text", None, "text"),
-    "code": ConstraintSpec("code", None, "code"),
+    "json": ConstraintSpec("json", json.dumps(PERSON)),
+    "regex": ConstraintSpec("regex", r"(19|20)\d\d-(0[1-9]|1[0-2])-[0-2]\d"),
+    "choice": ConstraintSpec("choice", json.dumps(["positive", "negative", "neutral"])),
+    "grammar": ConstraintSpec("grammar", 'start: "SELECT " COLS " FROM " NAME ";"\nCOLS: NAME (", " NAME)*\nNAME: /[a-z]{1,8}/'),
+    "text": ConstraintSpec("text", None),
+    "code": ConstraintSpec("code", None),
 }
 PROMPTS = [
     "Extract the person from this text: Grace Hopper, 85, invented the compiler. Answer with JSON.",

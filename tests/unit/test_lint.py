@@ -25,10 +25,10 @@ def test_mypy_is_clean_at_the_seams():
 
 
 # Ceilings on the escapes from the type checker, package-wide (the counts of the grep commands). Each sits a
-# little above the count when it was set (`Any`: 842, getattr/hasattr: 161), for code landing in parallel; lower
+# little above the count when it was set (`Any`: 843, getattr/hasattr: 165), for code landing in parallel; lower
 # them as the counts fall, never raise them.
-MAX_ANY = 880
-MAX_GETATTR = 200
+MAX_ANY = 850
+MAX_GETATTR = 168
 
 
 def _count(pattern: str) -> int:

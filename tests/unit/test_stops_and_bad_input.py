@@ -17,21 +17,21 @@ def _streamed(engine, *args, **kw) -> tuple[str, ss.Result]:
 
 
 @pytest.mark.parametrize("stop", [["Good"], ["d."], ["bye", "o w"]])
-def test_stream_never_hands_out_a_stop_string(stop):  # defect 1
+def test_stream_never_hands_out_a_stop_string(stop):
     engine = scripted_engine("Hello world. Goodbye.")
     joined, result = _streamed(engine, "hi", stop=stop)
     assert joined == result.text == engine.run("hi", stop=stop).text
     assert not any(s in joined for s in stop)
 
 
-def test_result_tokens_end_with_the_token_that_completed_the_stop():  # defect 11
+def test_result_tokens_end_with_the_token_that_completed_the_stop():
     tok = tiny_tokenizer()
     res = scripted_engine("Hello world. Goodbye.").run("hi", stop=["bye"])
     assert res.finish_reason == "stop" and res.text == "Hello world. Good"
     assert "bye" in tok.decode(res.token_ids) and "bye" not in tok.decode(res.token_ids[:-1])
 
 
-def test_code_mode_stops_at_the_closing_fence_not_the_opening_one():  # defect 4
+def test_code_mode_stops_at_the_closing_fence_not_the_opening_one():
     engine = scripted_engine("\n```python\nx = 1\n```\nThat is all.")
     res = engine.run("code please", ss.Code())
     assert res.value == "x = 1"
@@ -45,7 +45,7 @@ def test_code_mode_stops_at_the_closing_fence_not_the_opening_one():  # defect 4
     (ss.Grammar('start: "SELECT " /[a-z]+/ ";"'), "SELECT name;", ["name"]),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, '{"a": 12}', ["2"]),
 ])
-def test_a_stop_string_never_returns_a_cut_constrained_value(output_type, script, stop):  # defect 11
+def test_a_stop_string_never_returns_a_cut_constrained_value(output_type, script, stop):
     engine = scripted_engine(script)
     with pytest.raises(ss.IncompleteOutputError, match="stop string"):
         engine.run("go", output_type, stop=stop)
@@ -84,7 +84,7 @@ def engine():
     ([{"role": "user"}], "content"),
     ([{"role": "user", "content": 3}], "content"),
 ])
-def test_bad_prompts_raise_a_typed_error_naming_the_problem(engine, prompt, words):  # defect 14
+def test_bad_prompts_raise_a_typed_error_naming_the_problem(engine, prompt, words):
     with pytest.raises(ss.InvalidPromptError, match=words):
         engine.run(prompt)
     with pytest.raises(ss.InvalidPromptError, match=words):
@@ -98,7 +98,7 @@ def test_bad_prompts_raise_a_typed_error_naming_the_problem(engine, prompt, word
     ({"top_p": 0.0}, "top_p"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
 ])
-def test_bad_parameters_raise_a_typed_error_naming_them(engine, params, words):  # defect 14
+def test_bad_parameters_raise_a_typed_error_naming_them(engine, params, words):
     with pytest.raises(ss.InvalidParameterError, match=words):
         engine.run("hi", **params)
     with pytest.raises(ss.InvalidParameterError, match=words):

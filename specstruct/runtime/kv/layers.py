@@ -9,9 +9,12 @@ copies and returns fresh concatenations (see test_kv_layers.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -53,10 +56,10 @@ def concat(parts: Sequence[KVLayers], device: torch.device | str | None = None) 
     return out
 
 
-def bytes_per_token(config, dtype: torch.dtype = torch.float32) -> int:
+def bytes_per_token(config: PretrainedConfig, dtype: torch.dtype = torch.float32) -> int:
     """KV bytes one token takes in a transformers model: 2 x layers x kv_heads x head_dim x element size."""
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = int(getattr(cfg, "num_attention_heads"))
+    cfg = config.get_text_config(decoder=True)
+    heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     size = torch.empty((), dtype=dtype).element_size()

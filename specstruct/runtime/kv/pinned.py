@@ -18,7 +18,7 @@ class PinnedTier:
             raise RuntimeError("the pinned-memory KV tier needs a CUDA GPU; on CPU the tiers are RAM and disk")
         self.budget, self.used = int(budget), 0
         self.device = torch.device(device)
-        self._stream = torch.cuda.Stream(device=self.device)
+        self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
 
     def put(self, layers: KVLayers) -> Slot:
         current = torch.cuda.current_stream(self.device)
@@ -34,7 +34,7 @@ class PinnedTier:
                         t.record_stream(self._stream)  # the allocator keeps the source until the copy is done
                     pair.append(h)
                 host.append((pair[0], pair[1]))
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self._stream)
         slot = Slot(nbytes(host), (host, done))
         self.used += slot.nbytes
@@ -47,7 +47,7 @@ class PinnedTier:
         with torch.cuda.stream(self._stream):
             for k, v in host:
                 out.append((k.to(self.device, non_blocking=True), v.to(self.device, non_blocking=True)))
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             ready.record(self._stream)
         current = torch.cuda.current_stream(self.device)
         ready.wait(current)
@@ -61,3 +61,6 @@ class PinnedTier:
         done.synchronize()  # never release pinned memory a copy still reads or writes
         self.used -= slot.nbytes
         slot.ref = None
+
+    def close(self) -> None:
+        pass

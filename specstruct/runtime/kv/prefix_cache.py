@@ -27,7 +27,7 @@ class KVLostWarning(RuntimeWarning):
 class Block:
     tier: int
     slot: Slot
-    loading: Future | None = None
+    loading: Future[KVLayers | None] | None = None
 
 
 class PrefixHit:
@@ -40,7 +40,7 @@ class PrefixHit:
         self.tokens, self.layers = tokens, layers
 
     def release(self) -> None:
-        if self._node is not None:
+        if self._node is not None and self._cache is not None and self._tree is not None:
             self._cache._unlock(self._tree, self._node)
             self._node = None
 
@@ -76,6 +76,7 @@ class PrefixCache:
                 left -= k
             if not take:
                 return PrefixHit(None, None, None, 0, [])
+            assert tree is not None  # a path was found in it
             tree.touch([n for n, _ in path])
             tree.lock(take[-1][0])
         hit = PrefixHit(self, tree, take[-1][0], 0, [])
@@ -99,16 +100,17 @@ class PrefixCache:
             hit.release()
         return hit
 
-    def prefetch(self, namespace: Hashable, ids: Sequence[int]) -> Future:
+    def prefetch(self, namespace: Hashable, ids: Sequence[int]) -> Future[int]:
         """Bring the spans of the longest cached prefix of `ids` back to the resident tier, on a background thread
         (call it when a request is next in line). A later lookup waits for a load in flight."""
         with self._lock:
             tree = self._trees.get(namespace)
             path = tree.match(ids, usable=lambda n: n.payload is not LOST) if tree else []
             if not path:
-                done: Future = Future()
+                done: Future[int] = Future()
                 done.set_result(0)
                 return done
+            assert tree is not None  # a path was found in it
             tree.lock(path[-1][0])
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specstruct-kv-prefetch")
@@ -125,15 +127,16 @@ class PrefixCache:
         """The node's layers in the resident tier, read back from a lower tier if needed (the node is locked).
         None when they are lost: the node is marked and a KVLostWarning issued."""
         with self._lock:
-            block = node.payload
-            if block is LOST:
+            if node.payload is LOST:
                 return None
+            block: Block = node.payload
             if block.tier == 0:
                 return self.tiers[0].get(block.slot)
             owner = block.loading is None
             if owner:
                 block.loading = Future()
             waiting = block.loading
+            assert waiting is not None
         if not owner:
             return waiting.result()
         layers = self.tiers[block.tier].get(block.slot)  # outside the lock: a disk read
@@ -166,7 +169,9 @@ class PrefixCache:
             path = tree.match(ids)
             if path and path[-1][1] < len(path[-1][0].tokens) and path[-1][0].locks:
                 return  # a span being read by a lookup is not split under it; the next request inserts this
-            new = lambda start, end: Block(0, self.tiers[0].put(span(layers, start, end)))  # noqa: E731
+            def new(start: int, end: int) -> Block:
+                return Block(0, self.tiers[0].put(span(layers, start, end)))
+
             nodes = tree.insert(ids, self._split, new)
             offset = 0
             for node in nodes:
@@ -204,7 +209,10 @@ class PrefixCache:
         """Move a node's span from tier `i` down to `lower`; False (the span unchanged) when the write fails."""
         slot = node.payload.slot
         try:
-            moved = lower.put(self.tiers[i].get(slot))
+            layers = self.tiers[i].get(slot)
+            if layers is None:
+                return False
+            moved = lower.put(layers)
         except Exception as err:  # noqa: BLE001 - a full, unwritable or deleted spill folder (safetensors raises
             # SafetensorError, not OSError): the caller drops the span. It is only a cache; a request must not fail
             if lower.name not in self._failed:  # once per tier: a broken disk would otherwise warn at every eviction
@@ -261,5 +269,4 @@ class PrefixCache:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         for t in self.tiers:
-            if hasattr(t, "close"):
-                t.close()
+            t.close()

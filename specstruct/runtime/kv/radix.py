@@ -73,6 +73,7 @@ class RadixTree:
         """Cut `node` after `at` tokens: a new parent holds tokens[:at], `node` keeps the rest. Returns the parent."""
         head_payload, tail_payload = split_payload(node.payload, at)
         parent = node.parent
+        assert parent is not None, "internal error: splitting the root"
         head = Node(node.tokens[:at], parent, head_payload)
         head.locks, head.last_used = node.locks, node.last_used
         parent.children[head.tokens[0]] = head
@@ -101,6 +102,7 @@ class RadixTree:
         """Detach `node` and its subtree; returns the removed nodes (their payloads are the caller's to free)."""
         if node.locks:
             raise RuntimeError("internal error: removing a locked prefix cache node")
+        assert node.parent is not None, "internal error: removing the root"
         del node.parent.children[node.tokens[0]]
         return list(self._walk(node))
 

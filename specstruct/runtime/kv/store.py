@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from specstruct.runtime.openmp import releasing
-from specstruct.runtime.kv.layers import SeqKV, nbytes
+from specstruct.runtime.kv.layers import KVLayers, SeqKV, nbytes
 from specstruct.runtime.kv.prefix_cache import KVLostWarning
 from specstruct.runtime.kv.tiers import Slot, Tier
 
@@ -29,7 +29,7 @@ class SpillHandle:
     tokens: list[int]
     tier: int | None = None  # index into the store's tiers; None: token ids only
     slot: Slot | None = None
-    loading: Future | None = field(default=None, repr=False)
+    loading: Future[KVLayers | None] | None = field(default=None, repr=False)
 
 
 class KVStore:
@@ -90,13 +90,13 @@ class KVStore:
                           stacklevel=2)
         return SeqKV(handle.tokens, layers)
 
-    def _read(self, handle: SpillHandle) -> Any:
-        return None if handle.slot is None else self.tiers[handle.tier].get(handle.slot)
+    def _read(self, handle: SpillHandle) -> KVLayers | None:
+        return None if handle.slot is None or handle.tier is None else self.tiers[handle.tier].get(handle.slot)
 
     def discard(self, handle: SpillHandle) -> None:
         """Free what `handle` holds (a cancelled request)."""
         with self._lock:
-            if handle.slot is not None:
+            if handle.slot is not None and handle.tier is not None:
                 self.tiers[handle.tier].free(handle.slot)
                 handle.slot = handle.tier = None
 
@@ -109,5 +109,4 @@ class KVStore:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         for t in self.tiers:
-            if hasattr(t, "close"):
-                t.close()
+            t.close()

@@ -37,6 +37,10 @@ class Tier(Protocol):
 
     def free(self, slot: Slot) -> None: ...
 
+    def close(self) -> None:
+        """Give back what the tier holds outside the process's memory (a spill folder); called once, at the end."""
+        ...
+
 
 class MemoryTier:
     """Tensors kept on `device` (the cache's resident tier)."""
@@ -53,18 +57,22 @@ class MemoryTier:
         return slot
 
     def get(self, slot: Slot) -> KVLayers | None:
-        return slot.ref
+        layers: KVLayers | None = slot.ref
+        return layers
 
     def free(self, slot: Slot) -> None:
         self.used -= slot.nbytes
         slot.ref = None
 
+    def close(self) -> None:
+        pass
+
 
 def _digest(layers: KVLayers) -> str:
     h = hashlib.blake2b(digest_size=16)
     for k, v in layers:
-        h.update(k.contiguous().view(torch.uint8).numpy())
-        h.update(v.contiguous().view(torch.uint8).numpy())
+        for t in (k, v):
+            h.update(t.contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]  # a buffer, not copied
     return h.hexdigest()
 
 
@@ -79,7 +87,7 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(self, budget: int, directory: str | os.PathLike | None = None):
+    def __init__(self, budget: int, directory: str | os.PathLike[str] | None = None):
         self.budget, self.used = int(budget), 0
         self._parent = Path(directory) if directory else default_directory()
         self._dir: Path | None = None

@@ -156,10 +156,12 @@ def test_fingerprint_and_numerics_description(engines):
     assert weights_fingerprint(engine.model) == weights_fingerprint(engine.model)
     assert weights_fingerprint(engine.model) != weights_fingerprint(other.model)
     assert weights_fingerprint(engine.model) != weights_fingerprint(perturbed(engine.model, noise=1e-3))
-    assert "patched" in linear_numerics(engine.model)  # specstruct's runtime switched it to row-invariant
-    with stock_numerics(engine.model):
-        assert linear_numerics(engine.model).startswith("stock")
-    assert "patched" in linear_numerics(engine.model)  # and back afterwards
+    assert linear_numerics(engine.model).startswith("stock")  # the module passed in is left as it was
+    ours = engine.runtime.model  # the runtime's own copy, switched to row-invariant
+    assert "patched" in linear_numerics(ours)
+    with stock_numerics(ours):
+        assert linear_numerics(ours).startswith("stock")
+    assert "patched" in linear_numerics(ours)  # and back afterwards
 
 
 def test_summary_medians_ratios_and_counts():

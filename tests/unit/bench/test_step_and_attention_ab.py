@@ -9,6 +9,7 @@ import pytest
 from benchmarks import attention_ab, step_ab
 from specstruct.runtime import packed
 from specstruct.testing import tiny_model, tiny_tokenizer
+from specstruct.runtime.owned import hand_over, peek
 
 
 def test_attention_ab_times_both_attentions_and_leaves_the_kernel_on():
@@ -18,7 +19,7 @@ def test_attention_ab_times_both_attentions_and_leaves_the_kernel_on():
     rows = attention_ab.compare(model, [1, 9], repeats=1, cache=20)
     assert [k for k, *_ in rows] == [1, 9]
     assert all(cpp > 0 and ops > 0 and diff < 1e-4 for _, cpp, ops, diff in rows)
-    assert model._specstruct_attention == "cpp"
+    assert peek(model).attention == "cpp"
 
 
 def test_step_ab_times_transformers_and_the_runtime_on_the_same_context():
@@ -26,7 +27,7 @@ def test_step_ab_times_transformers_and_the_runtime_on_the_same_context():
     stock, ours = tiny_model(tok, seed=0), tiny_model(tok, seed=0)
     s, o, diff = step_ab.compare(stock, ours, cache_len=20, repeats=2)
     assert s > 0 and o > 0 and diff < 1e-4
-    assert "row-invariant" in ours._specstruct_numerics and not getattr(stock, "_specstruct_numerics", None)
+    assert "row-invariant" in peek(ours).numerics and not peek(stock).numerics
 
 
 def test_step_breakdown_times_the_parts_and_puts_the_model_back():
@@ -34,7 +35,8 @@ def test_step_breakdown_times_the_parts_and_puts_the_model_back():
     from specstruct.runtime.model_runtime import ModelRuntime
 
     model = tiny_model(tiny_tokenizer(), seed=0)
-    ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does
+    hand_over(model)
+    ModelRuntime(model)  # switched to the runtime's kernels first, as the engine does the models it loads
     forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
     parts = step_breakdown.breakdown(model, cache=20, repeats=3)
     assert parts["step"] > 0 and {"linear layers", "lm head", "attention", "kv cache update", "rmsnorm"} <= set(parts)

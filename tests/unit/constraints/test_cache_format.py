@@ -41,7 +41,7 @@ def fresh(monkeypatch, tmp_path):
 def _compile(tok):
     tt._MEMO.pop(tok, None)
     compiler._PROGRAMS.clear()
-    c = compiler.compile_constraint(ConstraintSpec("regex", REGEX, "regex"), tok, vocab_size=len(tok) + 8,
+    c = compiler.compile_constraint(ConstraintSpec("regex", REGEX), tok, vocab_size=len(tok) + 8,
                                     eos_token_ids=[tok.eos_token_id])
     assert c.accepts("z42") and not c.accepts("z4x")
     return c

@@ -65,7 +65,7 @@ SCHEMAS = st.recursive(_leaf, lambda kids: st.one_of(
 
 
 def _compile(tok, kind, source):
-    return compile_constraint(ConstraintSpec(kind, source, kind), tok, vocab_size=408, eos_token_ids=[2])
+    return compile_constraint(ConstraintSpec(kind, source), tok, vocab_size=408, eos_token_ids=[2])
 
 
 def _mutate(value, rnd: random.Random):

@@ -25,7 +25,7 @@ def small_limits(tmp_path, monkeypatch):
 
 def make(tok, kind, source, backend=None):
     src = json.dumps(source) if not isinstance(source, str) else source
-    return compile_constraint(ConstraintSpec(kind, src, kind), tok, vocab_size=408, eos_token_ids=[2],
+    return compile_constraint(ConstraintSpec(kind, src), tok, vocab_size=408, eos_token_ids=[2],
                               json_backend=backend)
 
 
@@ -248,7 +248,7 @@ def test_a_grammar_compile_past_the_time_limit_ends_at_it(tok):
     refused(tok, "grammar", grammar, "time_s", within=2.5)
     assert time.monotonic() - start > 0.9
     with pytest.raises(ConstraintError, match="limit time_s=") as e:  # the check before a model loads, too
-        check_spec(ConstraintSpec("grammar", grammar, "grammar"))
+        check_spec(ConstraintSpec("grammar", grammar))
     assert "panicked" not in str(e.value)
     assert make(tok, "grammar", lark_alternatives(50)).accepts("w7x")  # and the next grammar compiles
 

@@ -19,9 +19,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 
 def make(tok, kind, source, vocab=VOCAB, eos=None, backend=None):
-    mode = "json" if kind == "json" else kind
     src = json.dumps(source) if kind in ("json", "choice") and not isinstance(source, str) else source
-    return compile_constraint(ConstraintSpec(kind, src, mode), tok, vocab_size=vocab,
+    return compile_constraint(ConstraintSpec(kind, src), tok, vocab_size=vocab,
                               eos_token_ids=eos or [tok.eos_token_id], json_backend=backend)
 
 
@@ -397,3 +396,11 @@ def test_length_bounded_strings_compile_fast_without_escapes(tok):
     assert c.accepts('"ab"') and c.accepts('"' + "x" * 255 + '"')
     assert not c.accepts('"a"') and not c.accepts('"' + "x" * 256 + '"')
     assert not c.accepts('"a\\nb"')  # sound subset: no escape sequences in bounded strings
+
+
+def test_the_constraint_specs_mode_is_its_kind_and_the_old_third_argument_is_deprecated():
+    assert ConstraintSpec("regex", "a+").mode == "regex"
+    with pytest.warns(DeprecationWarning, match="ConstraintSpec\\(kind, source\\)"):
+        assert ConstraintSpec("json", "{}", "json") == ConstraintSpec("json", "{}")
+    with pytest.raises(ValueError, match="the mode is the kind"):
+        ConstraintSpec("json", "{}", "regex")

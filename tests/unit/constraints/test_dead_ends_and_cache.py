@@ -15,12 +15,12 @@ def _compile(spec: ConstraintSpec):
     return compiler.compile_constraint(spec, tok, vocab_size=len(tok) + 8, eos_token_ids=[tok.eos_token_id])
 
 
-def test_a_grammar_that_matches_nothing_is_a_constraint_error():  # defect 12
+def test_a_grammar_that_matches_nothing_is_a_constraint_error():
     with pytest.raises(ss.ConstraintError, match="admits no output"):
-        _compile(ConstraintSpec("grammar", r"start: /[^\s\S]/", "grammar"))
+        _compile(ConstraintSpec("grammar", r"start: /[^\s\S]/"))
 
 
-def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():  # defect 12
+def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():
     engine = scripted_engine("ab")
 
     class DeadEnd:  # a backend whose state admits no token at all (no EOS either)
@@ -40,12 +40,12 @@ def test_a_dead_end_during_decoding_is_a_constraint_error_not_token_0():  # defe
 
 
 @pytest.mark.parametrize("pattern", ["a\x00b", r"a\x00b", r"a\0", r"a\x{0}", r"a\u0000"])
-def test_a_nul_in_a_regex_is_a_constraint_error(pattern):  # defect 13
+def test_a_nul_in_a_regex_is_a_constraint_error(pattern):
     with pytest.raises(ss.ConstraintError, match="NUL"):
-        _compile(ConstraintSpec("regex", pattern, "regex"))
+        _compile(ConstraintSpec("regex", pattern))
 
 
-def test_the_disk_cache_is_keyed_by_the_outlines_core_version(monkeypatch, tmp_path):  # defect 7
+def test_the_disk_cache_is_keyed_by_the_outlines_core_version(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
     table = compiler.token_table(tiny_tokenizer())
     first = compiler.index_path("x[0-9]+", table)
@@ -60,7 +60,7 @@ def test_the_disk_cache_holds_the_index_binary(monkeypatch, tmp_path):  # outlin
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
     table = compiler.token_table(tiny_tokenizer())
-    spec = ConstraintSpec("regex", "y[a-c]{2}", "regex")
+    spec = ConstraintSpec("regex", "y[a-c]{2}")
     built, _ = compiler._index("y[a-c]{2}", table, spec)
     stored = Index.from_binary(unseal("outlines-index", compiler.index_path("y[a-c]{2}", table).read_bytes()))
     assert stored.get_final_states() == built.get_final_states()
@@ -82,5 +82,5 @@ def test_prepare_builds_the_tables_the_first_compile_would(monkeypatch):
         raise AssertionError("the compile rebuilt llguidance's tokenizer")
 
     monkeypatch.setattr(llguidance.hf, "from_tokenizer", rebuilt)
-    constraint = _compile(ConstraintSpec("json", '{"type": "integer"}', "json"))
+    constraint = _compile(ConstraintSpec("json", '{"type": "integer"}'))
     assert constraint.mask().any()

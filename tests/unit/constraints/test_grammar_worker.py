@@ -23,7 +23,7 @@ LOOP = 'start: P A A\nP: /[xy]{300}/\nA: /b+/'  # 300 single-character tokens be
 
 
 def make(tok, source):
-    return compile_constraint(ConstraintSpec("grammar", source, "grammar"), tok, vocab_size=408, eos_token_ids=[2])
+    return compile_constraint(ConstraintSpec("grammar", source), tok, vocab_size=408, eos_token_ids=[2])
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
 
     L.set_limits(mask_time_s=1.0)
     tok = tiny_tokenizer()
-    c = compile_constraint(ConstraintSpec("grammar", {loop!r}, "grammar"), tok, vocab_size=408, eos_token_ids=[2])
+    c = compile_constraint(ConstraintSpec("grammar", {loop!r}), tok, vocab_size=408, eos_token_ids=[2])
     ids = tok.encode("x" * 300, add_special_tokens=False)
     assert c.advance(ids) == len(ids)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -106,7 +106,7 @@ def validator(schema):
 
 
 def make(tok, schema):
-    return compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=408,
+    return compile_constraint(ConstraintSpec("json", json.dumps(schema)), tok, vocab_size=408,
                               eos_token_ids=[tok.eos_token_id])
 
 

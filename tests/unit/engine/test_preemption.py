@@ -201,7 +201,7 @@ def test_decoder_pause_and_resume_at_every_step(tok, target, close_draft, lost):
     eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(close_draft))
 
     def row(prompt, pattern, **cfg):
-        c = compile_constraint(ConstraintSpec("regex", pattern, "regex"), tok, vocab_size=eng.target.vocab_size,
+        c = compile_constraint(ConstraintSpec("regex", pattern), tok, vocab_size=eng.target.vocab_size,
                                eos_token_ids=[tok.eos_token_id])
         ids = tok.encode(prompt, add_special_tokens=False)
         return eng.row(ids, c.fork(), SpecConfig(use_prefix_cache=False, **cfg))

@@ -10,6 +10,7 @@ from specstruct.runtime.draft_int8 import Int8Linear
 from specstruct.runtime.model_runtime import quantize_draft
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
+from specstruct.runtime.owned import peek
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +56,7 @@ def test_quantize_draft_uses_the_kernel_and_keeps_torch_ao_on_request(tok):
     model = tiny_model(tok, seed=11)
     ids = [5, 6, 7, 8, 9]
     ours, ao = quantize_draft(model), quantize_draft(model, torchao=True)
-    assert "weight-only" in ours._specstruct_draft_numerics and "torch.ao" in ao._specstruct_draft_numerics
+    assert "weight-only" in peek(ours).draft_numerics and "torch.ao" in peek(ao).draft_numerics
     assert not any(isinstance(m, torch.nn.Linear) for m in ours.modules())
     assert all(isinstance(p, torch.nn.Parameter) and not isinstance(p, fixed_linear.PackedWeight)
                for p in model.parameters())  # the source model is untouched

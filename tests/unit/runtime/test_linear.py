@@ -14,6 +14,7 @@ from specstruct.runtime.linear import PackedWeight, PackedWeightError, onednn_li
 from specstruct.runtime.model_runtime import make_row_invariant, quantize_draft, restore_stock
 from specstruct.testing import perturbed, tiny_model
 from specstruct.testing import OneSequence
+from specstruct.runtime.owned import hand_over, peek
 
 TEXT = '{"name": "Ada Lovelace", "age": 36, "tags": ["math", "code"]}'
 
@@ -22,9 +23,16 @@ def _weights(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def _switched(model):
+    """A runtime over `model` itself, switched in place as the runtime's own modules are (these tests check what a
+    packed module does); a user's module would be copied first (test_owned.py)."""
+    hand_over(model)
+    return OneSequence(model)
+
+
 def _decode(model, ids):
     """Prefill a prompt, then one token at a time: logits after every position."""
-    rt = OneSequence(model)
+    rt = _switched(model)
     return torch.stack([rt.prefill(ids[:3])] + [rt.extend([t])[0] for t in ids[3:]])
 
 
@@ -49,7 +57,7 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
     model = tiny_model(tok, seed=5)
     before = _weights(model)
     ids = tok.encode(TEXT, add_special_tokens=False)
-    rt = OneSequence(model)
+    rt = _switched(model)
     packed_words = "15 of 15 weights packed" if linear_kernel == "fixed" else "15 of 15 weights prepacked"
     assert packed_words in rt.numerics and ("fixed-order" in rt.numerics) == (linear_kernel == "fixed")
     assert len(_packed(model)) == 15
@@ -59,7 +67,7 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
         assert not _packed(model) and torch.equal(_decode(model, ids), packed)
     make_row_invariant(model)
     restore_stock(model)
-    assert not _packed(model) and "_specstruct_numerics" not in model.__dict__
+    assert not _packed(model) and peek(model).numerics is None
     after = model.state_dict()
     assert all(torch.equal(after[k], v) and type(after[k]) is torch.Tensor for k, v in before.items())
     assert all(p.requires_grad for p in model.parameters())
@@ -71,7 +79,7 @@ def test_runtime_prepacks_weights_with_unchanged_logits_and_restore_stock_undoes
 def test_weights_tied_to_the_embeddings_stay_plain(tok, linear_kernel):
     model = tiny_model(tok, seed=6)
     model.lm_head.weight = model.model.embed_tokens.weight
-    OneSequence(model)
+    _switched(model)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert not isinstance(model.lm_head.weight, PackedWeight) and len(_packed(model)) == 14
 
@@ -83,7 +91,7 @@ def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
 
     monkeypatch.setattr(linear, "_reorder", refuse)
     model = tiny_model(tok, seed=7)
-    rt = OneSequence(model)
+    rt = _switched(model)
     assert "0 of 15 weights prepacked (prepacking failed: RuntimeError)" in rt.numerics and rt.row_invariant
     assert not _packed(model) and rt.prefill([1, 2, 3]).shape == (rt.vocab_size,)
 
@@ -91,7 +99,7 @@ def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
 def test_quantize_draft_of_a_prepacked_model(tok, linear_kernel):
     model = tiny_model(tok, seed=8)
     plain_q = quantize_draft(copy.deepcopy(model))
-    OneSequence(model)
+    _switched(model)
     q = quantize_draft(model)
     assert len(_packed(model)) == 15  # the source keeps its packed weights
     ids = tok.encode(TEXT, add_special_tokens=False)

@@ -8,6 +8,7 @@ import torch
 from specstruct.runtime import packed
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
+from specstruct.runtime.owned import peek
 
 
 @pytest.fixture
@@ -104,7 +105,7 @@ def test_the_runtime_names_the_attention_and_keeps_it(tok, kernel, monkeypatch):
     torch.testing.assert_close(cpp.prefill(ids), torch_ops.prefill(ids), rtol=1e-4, atol=1e-4)
     again = cpp.extend([10, 11])  # the env changed: a model keeps the attention its cache was built with
     cpp.crop(len(ids))
-    assert torch.equal(cpp.extend([10, 11]), again) and cpp.model._specstruct_attention == "cpp"
+    assert torch.equal(cpp.extend([10, 11]), again) and peek(cpp.model).attention == "cpp"
     monkeypatch.setenv("SPECSTRUCT_ATTENTION", "flash")
     with pytest.raises(ValueError, match="SPECSTRUCT_ATTENTION='flash' is not a row-wise attention; use one of"):
         packed.attention_kernel()

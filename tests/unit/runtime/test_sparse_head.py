@@ -74,9 +74,9 @@ def test_decoding_is_token_for_token_the_whole_heads(loaded, tok, monkeypatch, k
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    spec = {"json": ConstraintSpec("json", json.dumps(schema), "json"),
-            "regex": ConstraintSpec("regex", r"(19|20)\d\d-(0[1-9]|1[0-2])-[0-2]\d", "regex"),
-            "choice": ConstraintSpec("choice", json.dumps(["positive", "negative", "neutral"]), "choice")}[kind]
+    spec = {"json": ConstraintSpec("json", json.dumps(schema)),
+            "regex": ConstraintSpec("regex", r"(19|20)\d\d-(0[1-9]|1[0-2])-[0-2]\d"),
+            "choice": ConstraintSpec("choice", json.dumps(["positive", "negative", "neutral"]))}[kind]
     eng = Speculator(ModelRuntime(loaded), tok, [tok.eos_token_id])
     constraint = compile_constraint(spec, tok, vocab_size=eng.target.vocab_size, eos_token_ids=[tok.eos_token_id])
     prompt = tok.encode("Grace Hopper, 85, 1906-12-09, positive. Answer:", add_special_tokens=False)

@@ -19,7 +19,7 @@ TEXT = "def add(a, b):\n    return a + b\n"
 
 
 def _free(tok, rt):
-    return compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=rt.vocab_size,
+    return compile_constraint(ConstraintSpec("text", None), tok, vocab_size=rt.vocab_size,
                               eos_token_ids=[tok.eos_token_id])
 
 
@@ -60,7 +60,7 @@ def test_arbitration_is_lossless_and_counts_overruled(tok, target, far_draft, ar
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(far_draft))
-    c = compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=eng.target.vocab_size,
+    c = compile_constraint(ConstraintSpec("json", json.dumps(schema)), tok, vocab_size=eng.target.vocab_size,
                            eos_token_ids=[tok.eos_token_id])
     ids = tok.encode('{"name": "Ada Lovelace", "age": 36} Copy this JSON exactly: {"name": "Ada', add_special_tokens=False)
     base = run_alone(eng.row(ids, c.fork(), SpecConfig(enable_speculative=False, max_new_tokens=30)))
@@ -152,7 +152,7 @@ def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close
 
 
 def _json(tok, rt, schema):
-    return compile_constraint(ConstraintSpec("json", json.dumps(schema), "json"), tok, vocab_size=rt.vocab_size,
+    return compile_constraint(ConstraintSpec("json", json.dumps(schema)), tok, vocab_size=rt.vocab_size,
                               eos_token_ids=[tok.eos_token_id])
 
 

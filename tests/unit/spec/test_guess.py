@@ -24,7 +24,7 @@ ORDER = {"type": "object", "required": ["items"], "properties": {"items": {"type
 def _propose(tok, schema, written: str, mode: str = "json", k: int = 16, prompt: str = "Extract: ") -> str:
     """What the drafter proposes after `written` (an output prefix the constraint has accepted)."""
     source = json.dumps(schema) if mode == "json" else None
-    constraint = compile_constraint(ConstraintSpec(mode, source, mode), tok, vocab_size=len(tok),
+    constraint = compile_constraint(ConstraintSpec(mode, source), tok, vocab_size=len(tok),
                                     eos_token_ids=[tok.eos_token_id])
     ids = tok.encode(written, add_special_tokens=False)
     assert constraint.advance(ids) == len(ids)

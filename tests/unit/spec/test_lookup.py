@@ -46,7 +46,7 @@ def test_longest_earlier_is_the_brute_force_answer():
 
 
 def _json(tok):
-    return compile_constraint(ConstraintSpec("json", json.dumps(SCHEMA), "json"), tok, vocab_size=len(tok),
+    return compile_constraint(ConstraintSpec("json", json.dumps(SCHEMA)), tok, vocab_size=len(tok),
                               eos_token_ids=[tok.eos_token_id])
 
 
@@ -143,7 +143,7 @@ def test_lookup_candidates_are_valued_as_a_guess_then_a_copy():
 def test_outside_json_a_match_needs_a_few_characters(tok):
     from specstruct.spec.proposers.lookup import MIN_MATCH
 
-    free = compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=len(tok),
+    free = compile_constraint(ConstraintSpec("text", None), tok, vocab_size=len(tok),
                               eos_token_ids=[tok.eos_token_id])
     drafter = PromptLookupDrafter(tok)
 

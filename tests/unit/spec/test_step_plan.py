@@ -74,6 +74,7 @@ class NoModel:
 
     vocab_size, numerics, cache_key = V, "fake", "fake"
     row_invariant, packed, reuses_prefixes = True, False, False
+    max_length = None
 
     def sequence(self, layers=None, length: int = 0) -> Seq:
         return Seq(length)

@@ -1,5 +1,5 @@
 """The bodies of `specstruct extract --ray` and `specstruct serve --ray`: option checks, then the Ray entry points.
-The typer commands (specstruct/cli) call these, so the CLI package never imports ray."""
+The typer commands call these, importing this module only with --ray, so the CLI never imports ray otherwise."""
 
 from __future__ import annotations
 
