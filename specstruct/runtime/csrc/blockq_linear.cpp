@@ -86,6 +86,14 @@ struct Format {
   bool lut;   // 4-bit codes through kvalues_iq4nl: u = IQ4NL[code] + 128 (IQ4_NL, IQ4_XS)
 };
 
+// The formats the vector paths compute, as (G, bits, affine, sub-scaled, table): Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL,
+// IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K; any other layout runs on the scalar path.
+#define EACH_FORMAT(F)                                                                                             \
+  F(32, 8, false, false, false) F(32, 4, false, false, false) F(32, 5, false, false, false)                      \
+  F(32, 4, true, false, false) F(32, 5, true, false, false) F(32, 4, false, false, true)                         \
+  F(32, 4, false, true, true) F(32, 4, true, true, false) F(32, 5, true, true, false) F(16, 6, false, true, false) \
+  F(16, 3, false, true, false) F(16, 2, true, true, false)
+
 // The width of a format's low plane: 8-bit weights are whole bytes, 4 to 6 bits a 4-bit plane, 2 and 3 a 2-bit one.
 static constexpr int low_bits(int bits) { return bits >= 8 ? 8 : (bits >= 4 ? 4 : 2); }
 
@@ -503,18 +511,7 @@ static AmxPath pick_amx(const Format& f) {
 #define FORMAT(g, b, a, s, t)                                                       \
   if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t)             \
     return {amx_unpack<g, b, a, s, t>, amx_block<g, a>};
-  FORMAT(32, 8, false, false, false)  // Q8_0
-  FORMAT(32, 4, false, false, false)  // Q4_0
-  FORMAT(32, 5, false, false, false)  // Q5_0
-  FORMAT(32, 4, true, false, false)   // Q4_1
-  FORMAT(32, 5, true, false, false)   // Q5_1
-  FORMAT(32, 4, false, false, true)   // IQ4_NL
-  FORMAT(32, 4, false, true, true)    // IQ4_XS
-  FORMAT(32, 4, true, true, false)    // Q4_K
-  FORMAT(32, 5, true, true, false)    // Q5_K
-  FORMAT(16, 6, false, true, false)   // Q6_K
-  FORMAT(16, 3, false, true, false)   // Q3_K
-  FORMAT(16, 2, true, true, false)    // Q2_K
+  EACH_FORMAT(FORMAT)
 #undef FORMAT
   return {nullptr, nullptr};
 }
@@ -703,18 +700,7 @@ static RowsFn pick(const Format& f) {
   if (sub && f.gps != 256 / f.G) return nullptr;  // K-quants and IQ4_XS: super-blocks of 256 inputs (KGPS)
 #define FORMAT(g, b, a, s, t) \
   if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t) return rows_vector<g, b, a, s, t>;
-  FORMAT(32, 8, false, false, false)  // Q8_0
-  FORMAT(32, 4, false, false, false)  // Q4_0
-  FORMAT(32, 5, false, false, false)  // Q5_0
-  FORMAT(32, 4, true, false, false)   // Q4_1
-  FORMAT(32, 5, true, false, false)   // Q5_1
-  FORMAT(32, 4, false, false, true)   // IQ4_NL
-  FORMAT(32, 4, false, true, true)    // IQ4_XS
-  FORMAT(32, 4, true, true, false)    // Q4_K
-  FORMAT(32, 5, true, true, false)    // Q5_K
-  FORMAT(16, 6, false, true, false)   // Q6_K
-  FORMAT(16, 3, false, true, false)   // Q3_K
-  FORMAT(16, 2, true, true, false)    // Q2_K
+  EACH_FORMAT(FORMAT)
 #undef FORMAT
   return nullptr;
 }
