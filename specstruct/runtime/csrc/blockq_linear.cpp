@@ -42,6 +42,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -368,7 +369,6 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <atomic>
 #define SPECSTRUCT_AMX 1
 #define TILE_LOAD(t, base, stride) \
   asm volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((int64_t)(stride)) : "memory")
@@ -761,6 +761,22 @@ static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N
   TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
 }
 
+// Panels [0, count) over the threads, `chunk` at a time from a shared counter: `work(panels)` runs once per thread
+// and calls panels(i0, i1) for its next chunk until it returns false. A thread that gets the CPU (the other one
+// preempted by another process, or on lighter panels) takes more chunks instead of waiting for a fixed share to
+// finish; which thread computes a panel never changes its bits.
+template <class Work>
+static void share_panels(int64_t count, int64_t chunk, const Work& work) {
+  std::atomic<int64_t> next{0};
+  auto panels = [&](int64_t& i0, int64_t& i1) {
+    i0 = next.fetch_add(chunk, std::memory_order_relaxed);
+    i1 = std::min(count, i0 + chunk);
+    return i0 < count;
+  };
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (count + chunk - 1) / chunk);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { work(panels); });
+}
+
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
 // (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
 // With `panels` (int64 panel indices), only those panels' outputs: y [M, 16 * len(panels)], panel i's 16 outputs
@@ -822,42 +838,47 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const int64_t pbytes = ng * group_bytes(f);
 #ifdef SPECSTRUCT_AMX
   if (tiles) {  // each panel unpacked once, then every block of 16 rows against it
-    at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
+    share_panels(count, 1, [&](const auto& panels) {
       if (f.G == 32) tile_configure<32>(); else tile_configure<16>();
       std::vector<uint8_t> wb(ng * f.G / 4 * 64);
       std::vector<float> dvb(ng * NO), mvb(ng * NO);
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t p = pick_panel ? pick_panel[i] : i;
-        const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-        amx.unpack(wd + p * pbytes, st.panel(p), ng, wb.data(), dvb.data(), mvb.data());
-        for (int64_t r = 0; r < M; r += AMX_ROWS)
-          amx.block(wb.data(), dvb.data(), mvb.data(), ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng,
-                    (int)std::min<int64_t>(AMX_ROWS, M - r), yd + r * ldy + i * NO, ldy, ncols);
-      }
+      int64_t i0, i1;
+      while (panels(i0, i1))
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t p = pick_panel ? pick_panel[i] : i;
+          const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
+          amx.unpack(wd + p * pbytes, st.panel(p), ng, wb.data(), dvb.data(), mvb.data());
+          for (int64_t r = 0; r < M; r += AMX_ROWS)
+            amx.block(wb.data(), dvb.data(), mvb.data(), ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng,
+                      (int)std::min<int64_t>(AMX_ROWS, M - r), yd + r * ldy + i * NO, ldy, ncols);
+        }
       asm volatile("tilerelease" ::);
     });
     return y;
   }
 #endif
-  at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t p = pick_panel ? pick_panel[i] : i;
-      const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-      for (int64_t r = 0; r < M; r += even) {
-        const int R = (int)std::min<int64_t>(even, M - r);
-        const uint8_t* w = wd + p * pbytes;
-        const Scales sc = st.panel(p);
-#ifdef SPECSTRUCT_VECTOR
-        if (fn) {
-          fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
-             yd + r * ldy + i * NO, ldy, ncols);
-          continue;
+  const int64_t chunk = std::max<int64_t>(1, count / (16 * at::get_num_threads()));
+  share_panels(count, chunk, [&](const auto& panels) {
+    int64_t i0, i1;
+    while (panels(i0, i1))
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t p = pick_panel ? pick_panel[i] : i;
+        const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
+        for (int64_t r = 0; r < M; r += even) {
+          const int R = (int)std::min<int64_t>(even, M - r);
+          const uint8_t* w = wd + p * pbytes;
+          const Scales sc = st.panel(p);
+  #ifdef SPECSTRUCT_VECTOR
+          if (fn) {
+            fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
+               yd + r * ldy + i * NO, ldy, ncols);
+            continue;
+          }
+  #endif
+          panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * ldy + i * NO, ldy,
+                       ncols);
         }
-#endif
-        panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * ldy + i * NO, ldy,
-                     ncols);
       }
-    }
   });
   return y;
 }
