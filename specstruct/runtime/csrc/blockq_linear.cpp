@@ -37,7 +37,8 @@
 // AVX-512 path a block's activations, scales and sums are laid out group-major once per call (its rows of a group
 // side by side), so the row loop reads them at constant offsets from one pointer, and D becomes a float by the bits
 // of 1.5 * 2^23 + D (the even chain starts there) rather than VCVTDQ2PS, which shares VPDPBUSD's port on Intel:
-// prefill runs close to the VPDPBUSD throughput of a core.
+// prefill runs close to the VPDPBUSD throughput of a core. Where the CPU has AMX and the OS grants it, 16 rows and
+// more run on tiles instead (one TDPBSUD a group of 16 rows, the same float operations after it: see "AMX" below).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
