@@ -94,7 +94,8 @@ def make_row_invariant(model: torch.nn.Module) -> str:
         return mark.numerics
     blocks = quantized.describe(model)  # GGUF blocks compute on their kernel whatever the attention
     halves = half_linear.describe(model)  # and 16-bit weights on the fixed-order kernel
-    kernels = [f"block-quantized linear, {quantized.simd()}"] if blocks else []
+    tiles = " + AMX tiles" if blocks and quantized.amx() else ""
+    kernels = [f"block-quantized linear, {quantized.simd()}{tiles}"] if blocks else []
     if halves:
         kernels.append(f"16-bit linear, fixed-order kernel, {fixed_linear.built().simd}")
     formats = " + ".join(d for d in (blocks, halves) if d)

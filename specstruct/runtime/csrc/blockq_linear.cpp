@@ -37,11 +37,13 @@
 // AVX-512 path a block's activations, scales and sums are laid out group-major once per call (its rows of a group
 // side by side), so the row loop reads them at constant offsets from one pointer, and D becomes a float by the bits
 // of 1.5 * 2^23 + D (the even chain starts there) rather than VCVTDQ2PS, which shares VPDPBUSD's port on Intel:
-// prefill runs close to the VPDPBUSD throughput of a core.
+// prefill runs close to the VPDPBUSD throughput of a core. Where the CPU has AMX and the OS grants it, 16 rows and
+// more run on tiles instead (one TDPBSUD a group of 16 rows, the same float operations after it: see "AMX" below).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -85,6 +87,14 @@ struct Format {
   int gps;    // groups per super-block: 1, a float scale per group; more, a float per super-block times an int8 per group
   bool lut;   // 4-bit codes through kvalues_iq4nl: u = IQ4NL[code] + 128 (IQ4_NL, IQ4_XS)
 };
+
+// The formats the vector paths compute, as (G, bits, affine, sub-scaled, table): Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL,
+// IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K; any other layout runs on the scalar path.
+#define EACH_FORMAT(F)                                                                                             \
+  F(32, 8, false, false, false) F(32, 4, false, false, false) F(32, 5, false, false, false)                      \
+  F(32, 4, true, false, false) F(32, 5, true, false, false) F(32, 4, false, false, true)                         \
+  F(32, 4, false, true, true) F(32, 4, true, true, false) F(32, 5, true, true, false) F(16, 6, false, true, false) \
+  F(16, 3, false, true, false) F(16, 2, true, true, false)
 
 // The width of a format's low plane: 8-bit weights are whole bytes, 4 to 6 bits a 4-bit plane, 2 and 3 a 2-bit one.
 static constexpr int low_bits(int bits) { return bits >= 8 ? 8 : (bits >= 4 ? 4 : 2); }
@@ -167,15 +177,15 @@ static inline void quantize_group_vnni(const float* xg, int G, int8_t* qg, float
 #endif
 
 // x [M, K] float32 -> int8 [M, K], scale [M, K/G], sum [M, K/G]; `vector`: 16 inputs at a time where built (the
-// same values). `block` > 1: in blocks of that many rows (the last one fewer), each block group-major, its rows of
-// a group side by side: row r0 + r's group g at r0 * K + (g * R + r) * G (scale and sum at r0 * K/G + g * R + r), R
-// the block's rows; 1: row-major.
+// same values). `block` > 1: in blocks of that many rows (the last one fewer, or as many with `pad`: its missing
+// rows left as they are), each block group-major, its rows of a group side by side: row r0 + r's group g at
+// r0 * K + (g * R + r) * G (scale and sum at r0 * K/G + g * R + r), R the block's rows; 1: row-major.
 static void quantize_rows(const float* x, int64_t M, int64_t K, int G, int8_t* q, float* s, int32_t* a,
-                          bool vector, int64_t block) {
+                          bool vector, int64_t block, bool pad = false) {
   const int64_t ng = K / G;
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t first = r - r % block, R = std::min(block, M - first), rr = r - first;
+      const int64_t first = r - r % block, R = pad ? block : std::min(block, M - first), rr = r - first;
       for (int64_t g = 0; g < ng; ++g) {
         const int64_t from = r * K + g * G, to = first * K + (g * R + rr) * G, at = first * ng + g * R + rr;
 #ifdef SPECSTRUCT_VNNI
@@ -240,6 +250,62 @@ static inline __m512 half16(const c10::Half* p) {  // 16 fp16 values widened (ex
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// One group's weights as QUADS vectors of 16 outputs x 4 inputs, unsigned (the low plane, the high bits, the IQ4
+// table): the operands of VPDPBUSD (and the rows of the AMX path's weight tile).
+template <int G, int BITS, bool LUT>
+static inline void unpack_group(const uint8_t* __restrict gb, __m512i* wv) {
+  constexpr int QUADS = G / 4;
+  constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;  // the low plane: PER quads per vector
+  if constexpr (BITS == 8) {
+#pragma GCC unroll 8
+    for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_loadu_si512(gb + 64 * i);
+  } else {
+    const __m512i low = _mm512_set1_epi8((char)((1 << LB) - 1));
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) {
+      const __m512i v = _mm512_loadu_si512(gb + 64 * i);
+#pragma GCC unroll 4
+      for (int j = 0; j < PER; ++j) wv[i + j * NV] = _mm512_and_si512(_mm512_srli_epi16(v, LB * j), low);
+    }
+    if constexpr (BITS > LB) {  // the high bit planes: for quad i, bit b, a 64-bit mask of the bytes that have it
+      const uint8_t* high = gb + G * NO * LB / 8;
+#pragma GCC unroll 8
+      for (int i = 0; i < QUADS; ++i)
+#pragma GCC unroll 2
+        for (int b = 0; b < BITS - LB; ++b) {
+          uint64_t bits;
+          std::memcpy(&bits, high + (i * (BITS - LB) + b) * 8, 8);
+          wv[i] = _mm512_or_si512(wv[i],
+                                  _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8((char)((1 << LB) << b))));
+        }
+    }
+    if constexpr (LUT) {  // codes -> IQ4NL[code] + 128, 16 entries per 128-bit lane
+      const __m512i table = _mm512_broadcast_i32x4(
+          _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4NL)), _mm_set1_epi8((char)0x80)));
+#pragma GCC unroll 8
+      for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_shuffle_epi8(table, wv[i]);
+    }
+  }
+}
+
+// A group's scales (dv) and mins (mv) of the panel's 16 outputs, as the format defines them.
+template <int G, bool AFFINE, bool SUB>
+static inline void group_scales(const Scales& sc, int64_t g, __m512& dv, __m512& mv) {
+  mv = _mm512_setzero_ps();
+  if constexpr (SUB) {
+    const int64_t sb = g / KGPS<G>;  // a constant: a shift, not a division per group
+    const __m512i subs = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.sub + g * NO)));
+    dv = _mm512_mul_ps(half16(sc.super + sb * NO), _mm512_cvtepi32_ps(subs));
+    if constexpr (AFFINE) {
+      const __m512i mins = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.submin + g * NO)));
+      mv = _mm512_mul_ps(half16(sc.supermin + sb * NO), _mm512_cvtepi32_ps(mins));
+    }
+  } else {
+    dv = half16(sc.super + g * NO);
+    if constexpr (AFFINE) mv = half16(sc.supermin + g * NO);
+  }
+}
+
 template <int R, int G, int BITS, bool AFFINE, bool SUB, bool LUT>
 static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng,
                        const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa_,
@@ -250,56 +316,15 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
   __m512 acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  constexpr int LB = low_bits(BITS), PER = 8 / LB, NV = QUADS / PER;  // the low plane: PER quads per vector
-  const __m512i low = _mm512_set1_epi8((char)((1 << LB) - 1));
-  const __m512i table = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4NL)),
-                                                            _mm_set1_epi8((char)0x80)));  // IQ4NL + 128, unsigned
   for (int64_t g = 0; g < ng; ++g) {
     const uint8_t* gb = w + g * GB;
 #pragma GCC unroll 8
     for (int64_t line = 0; line < GB; line += 64) __builtin_prefetch(gb + PREFETCH * GB + line, 0, 1);
     if constexpr (SUB) __builtin_prefetch(sc.sub + (g + PREFETCH) * NO, 0, 1);
     __m512i wv[QUADS];
-    if constexpr (BITS == 8) {
-#pragma GCC unroll 8
-      for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_loadu_si512(gb + 64 * i);
-    } else {
-#pragma GCC unroll 4
-      for (int i = 0; i < NV; ++i) {
-        const __m512i v = _mm512_loadu_si512(gb + 64 * i);
-#pragma GCC unroll 4
-        for (int j = 0; j < PER; ++j) wv[i + j * NV] = _mm512_and_si512(_mm512_srli_epi16(v, LB * j), low);
-      }
-      if constexpr (BITS > LB) {  // the high bit planes: for quad i, bit b, a 64-bit mask of the bytes that have it
-        const uint8_t* high = gb + G * NO * LB / 8;
-#pragma GCC unroll 8
-        for (int i = 0; i < QUADS; ++i)
-#pragma GCC unroll 2
-          for (int b = 0; b < BITS - LB; ++b) {
-            uint64_t bits;
-            std::memcpy(&bits, high + (i * (BITS - LB) + b) * 8, 8);
-            wv[i] = _mm512_or_si512(wv[i],
-                                    _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8((char)((1 << LB) << b))));
-          }
-      }
-      if constexpr (LUT) {  // codes -> IQ4NL[code] + 128, 16 entries per 128-bit lane
-#pragma GCC unroll 8
-        for (int i = 0; i < QUADS; ++i) wv[i] = _mm512_shuffle_epi8(table, wv[i]);
-      }
-    }
-    __m512 dv, mv = _mm512_setzero_ps();
-    if constexpr (SUB) {
-      const int64_t sb = g / KGPS<G>;  // a constant: a shift, not a division per group
-      const __m512i subs = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.sub + g * NO)));
-      dv = _mm512_mul_ps(half16(sc.super + sb * NO), _mm512_cvtepi32_ps(subs));
-      if constexpr (AFFINE) {
-        const __m512i mins = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.submin + g * NO)));
-        mv = _mm512_mul_ps(half16(sc.supermin + sb * NO), _mm512_cvtepi32_ps(mins));
-      }
-    } else {
-      dv = half16(sc.super + g * NO);
-      if constexpr (AFFINE) mv = half16(sc.supermin + g * NO);
-    }
+    unpack_group<G, BITS, LUT>(gb, wv);
+    __m512 dv, mv;
+    group_scales<G, AFFINE, SUB>(sc, g, dv, mv);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       // the block's activations group-major (quantize_rows' `block`): row r's group g at (g * R + r) * G, so the
@@ -333,6 +358,165 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
 }
 
 #define PANEL panel_vnni
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// AMX: one TDPBSUD multiplies a tile of 16 rows x G int8 activations (signed) by one of G/4 quads x 16 outputs x 4
+// weights (unsigned, the vectors unpack_group makes) into 16 x 16 exact int32 sums D: a whole group of a block of 16
+// rows in one instruction. Then the same float operations per group as panel_vnni, lane for lane, so the same bits
+// (float(D) by VCVTDQ2PS or MAGIC's bits: both exact). Linux grants a process the tile state only on request
+// (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU lacks AMX or the OS refuses (some virtual machines list AMX and
+// refuse it), the VNNI path runs. The tile instructions are written here with a "memory" clobber (the compiler's
+// own intrinsics have none, so it could move the tile loads and stores across the plain ones around them).
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SPECSTRUCT_AMX 1
+#define TILE_LOAD(t, base, stride) \
+  asm volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((int64_t)(stride)) : "memory")
+#define TILE_STORE(t, base, stride) \
+  asm volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"((int64_t)(stride)) : "memory")
+#define TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
+#define TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+static bool amx_granted() {  // AMX-TILE and AMX-INT8 listed, and the tile state granted to this process
+  static const bool granted = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return granted;
+}
+static std::atomic<bool> amx_wanted{true};  // tests and A/B probes turn it off (use_amx)
+constexpr int AMX_ROWS = 16;                // rows per tile: blocks of 16 rows, the last one padded with zero rows
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 16  // fewer rows: the VNNI path (a padded tile and a panel unpacked to memory cost more there)
+#endif
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: D (16 rows x 16 int32); 4, 5: activations (16 rows x G bytes); 6, 7: weights (G/4 quads x 64 bytes).
+template <int G>
+static void tile_configure() {
+  TileConfig c;
+  for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = G;
+  for (int t = 6; t < 8; ++t) c.rows[t] = G / 4, c.colsb[t] = 64;
+  asm volatile("ldtilecfg %0" ::"m"(c));
+}
+
+// A panel's weights unpacked once (QUADS vectors per group: the weight tiles' rows) with its scales and mins per group,
+// for every block of rows to use.
+template <int G, int BITS, bool AFFINE, bool SUB, bool LUT>
+static void amx_unpack(const uint8_t* __restrict w, const Scales& sc, int64_t ng, uint8_t* __restrict wb,
+                       float* __restrict dvb, float* __restrict mvb) {
+  constexpr int QUADS = G / 4;
+  constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512i wv[QUADS];
+    unpack_group<G, BITS, LUT>(w + g * GB, wv);
+#pragma GCC unroll 8
+    for (int i = 0; i < QUADS; ++i) _mm512_storeu_si512(wb + (g * QUADS + i) * 64, wv[i]);
+    __m512 dv, mv;
+    group_scales<G, AFFINE, SUB>(sc, g, dv, mv);
+    _mm512_storeu_ps(dvb + g * NO, dv);
+    _mm512_storeu_ps(mvb + g * NO, mv);
+  }
+}
+
+// One group's float operations for a block of 16 rows, D from the tile's store: panel_vnni's, lane for lane.
+template <bool AFFINE>
+static inline void amx_group(const int32_t* __restrict d, const float* __restrict dvb, const float* __restrict mvb,
+                             const float* __restrict s, const float* __restrict fa_, __m512* acc) {
+  const __m512 dv = _mm512_loadu_ps(dvb);
+  const __m512 mv = _mm512_loadu_ps(mvb);
+#pragma GCC unroll 16
+  for (int r = 0; r < AMX_ROWS; ++r) {
+    const __m512i dot = _mm512_load_si512(d + r * NO);
+    const __m512 sa = _mm512_set1_ps(s[r]), fa = _mm512_set1_ps(fa_[r]);
+    if constexpr (!AFFINE) {  // fa is MAGIC + z*A: (MAGIC + D) - (MAGIC + z*A) is D - z*A exactly
+      const __m512 biased = _mm512_castsi512_ps(_mm512_add_epi32(dot, _mm512_set1_epi32(MAGIC_BITS)));
+      acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(biased, fa), _mm512_mul_ps(dv, sa), acc[r]);
+    } else {
+      const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, fa));  // float(D): exact
+      acc[r] = _mm512_fmadd_ps(inner, sa, acc[r]);
+    }
+  }
+}
+
+// A block of 16 rows (the first R real) against one unpacked panel. q: the block's activations group-major (row r's
+// group g at (g * 16 + r) * G), s and fa likewise (g * 16 + r). Four groups in flight: the tile unit computes the
+// next three while the vector unit finishes one (a tile's product and store take several times the vector work's
+// latency).
+template <int G, bool AFFINE>
+static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb, const float* __restrict mvb,
+                      int64_t ng, const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa,
+                      int R, float* __restrict y, int64_t ldy, int ncols) {
+  constexpr int QUADS = G / 4;
+  alignas(64) int32_t d[4][AMX_ROWS * NO];
+  __m512 acc[AMX_ROWS];
+#pragma GCC unroll 16
+  for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  // group g: D in tile g % 4 (stored to d[g % 4]), activations and weights in tiles 4 + g % 2 and 6 + g % 2
+#define ISSUE(c, ta, tb, g)                                      \
+  do {                                                           \
+    if ((g) < ng) {                                              \
+      TILE_LOAD(ta, q + (g) * AMX_ROWS * G, G);                  \
+      TILE_LOAD(tb, wb + (g) * QUADS * 64, 64);                  \
+      TILE_ZERO(c);                                              \
+      TILE_DPBSUD(c, ta, tb);                                    \
+      TILE_STORE(c, d[c], 64);                                   \
+    }                                                            \
+  } while (0)
+  auto group = [&](int64_t g) {
+    if (g < ng) amx_group<AFFINE>(d[g % 4], dvb + g * NO, mvb + g * NO, s + g * AMX_ROWS, fa + g * AMX_ROWS, acc);
+  };
+  ISSUE(0, 4, 6, 0);
+  ISSUE(1, 5, 7, 1);
+  ISSUE(2, 4, 6, 2);
+  for (int64_t g = 0; g < ng; g += 4) {  // three groups ahead of the one the vector unit finishes
+    ISSUE(3, 5, 7, g + 3);
+    group(g);
+    ISSUE(0, 4, 6, g + 4);
+    group(g + 1);
+    ISSUE(1, 5, 7, g + 5);
+    group(g + 2);
+    ISSUE(2, 4, 6, g + 6);
+    group(g + 3);
+  }
+#undef ISSUE
+  const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < AMX_ROWS; ++r)
+    if (r < R) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+using UnpackFn = void (*)(const uint8_t*, const Scales&, int64_t, uint8_t*, float*, float*);
+using BlockFn = void (*)(const uint8_t*, const float*, const float*, int64_t, const int8_t*, const float*,
+                         const float*, int, float*, int64_t, int);
+
+struct AmxPath {
+  UnpackFn unpack;
+  BlockFn block;
+};
+
+// The AMX path of a format (the same formats as the VNNI path's), or none where AMX is not granted or turned off.
+static AmxPath pick_amx(const Format& f) {
+  if (!amx_wanted.load(std::memory_order_relaxed) || !amx_granted()) return {nullptr, nullptr};
+  const bool sub = f.gps > 1, affine = f.zero < 0;
+  if (sub && f.gps != 256 / f.G) return {nullptr, nullptr};
+#define FORMAT(g, b, a, s, t)                                                       \
+  if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t)             \
+    return {amx_unpack<g, b, a, s, t>, amx_block<g, a>};
+  EACH_FORMAT(FORMAT)
+#undef FORMAT
+  return {nullptr, nullptr};
+}
+#endif  // AMX
 #endif
 
 #ifdef SPECSTRUCT_AVX2
@@ -517,18 +701,7 @@ static RowsFn pick(const Format& f) {
   if (sub && f.gps != 256 / f.G) return nullptr;  // K-quants and IQ4_XS: super-blocks of 256 inputs (KGPS)
 #define FORMAT(g, b, a, s, t) \
   if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t) return rows_vector<g, b, a, s, t>;
-  FORMAT(32, 8, false, false, false)  // Q8_0
-  FORMAT(32, 4, false, false, false)  // Q4_0
-  FORMAT(32, 5, false, false, false)  // Q5_0
-  FORMAT(32, 4, true, false, false)   // Q4_1
-  FORMAT(32, 5, true, false, false)   // Q5_1
-  FORMAT(32, 4, false, false, true)   // IQ4_NL
-  FORMAT(32, 4, false, true, true)    // IQ4_XS
-  FORMAT(32, 4, true, true, false)    // Q4_K
-  FORMAT(32, 5, true, true, false)    // Q5_K
-  FORMAT(16, 6, false, true, false)   // Q6_K
-  FORMAT(16, 3, false, true, false)   // Q3_K
-  FORMAT(16, 2, true, true, false)    // Q2_K
+  EACH_FORMAT(FORMAT)
 #undef FORMAT
   return nullptr;
 }
@@ -589,6 +762,22 @@ static void check_packed(const Format& f, const torch::Tensor& packed, int64_t N
   TORCH_CHECK(P * NO >= N && (P - 1) * NO < N, "the packed weight has ", P, " panels, not enough or too many for ", N);
 }
 
+// Panels [0, count) over the threads, `chunk` at a time from a shared counter: `work(panels)` runs once per thread
+// and calls panels(i0, i1) for its next chunk until it returns false. A thread that gets the CPU (the other one
+// preempted by another process, or on lighter panels) takes more chunks instead of waiting for a fixed share to
+// finish; which thread computes a panel never changes its bits.
+template <class Work>
+static void share_panels(int64_t count, int64_t chunk, const Work& work) {
+  std::atomic<int64_t> next{0};
+  auto panels = [&](int64_t& i0, int64_t& i1) {
+    i0 = next.fetch_add(chunk, std::memory_order_relaxed);
+    i1 = std::min(count, i0 + chunk);
+    return i0 < count;
+  };
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (count + chunk - 1) / chunk);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { work(panels); });
+}
+
 // x [M, K] float32; packed [P, K/G, G*16*bits/8] uint8; scales (and mins) [P, K/G/gps, 16] float16; sub-scales
 // (and sub-mins) [P, K/G, 16] int8 when gps > 1 -> y [M, N], on the vector path where one was built (`vector`).
 // With `panels` (int64 panel indices), only those panels' outputs: y [M, 16 * len(panels)], panel i's 16 outputs
@@ -621,44 +810,76 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
 #ifdef SPECSTRUCT_VECTOR
   const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
+#ifdef SPECSTRUCT_AMX
+  const AmxPath amx = fn && M >= AMX_MIN_ROWS ? pick_amx(f) : AmxPath{nullptr, nullptr};
+  const bool tiles = amx.block != nullptr;
+#else
+  const bool tiles = false;
+#endif
 #ifdef SPECSTRUCT_VNNI
-  const int64_t layout = fn ? even : 1;  // panel_vnni reads its blocks of rows group-major
+  // panel_vnni reads its blocks of rows group-major, the AMX path blocks of 16 rows (the last padded with zeros)
+  const int64_t layout = tiles ? 16 : (fn ? even : 1);
 #else
   const int64_t layout = 1;
 #endif
-  std::vector<int32_t> words((M * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
+  const int64_t Mp = tiles ? (M + 15) / 16 * 16 : M;
+  std::vector<int32_t> words((Mp * K + 3) / 4);  // int8 activations, read 4 at a time as words by the vector path
   int8_t* const qd = reinterpret_cast<int8_t*>(words.data());
-  std::vector<float> s(M * ng);
-  std::vector<int32_t> a(M * ng);
-  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector, layout);
-  std::vector<float> fa(M * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
-  for (int64_t i = 0; i < M * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
+  std::vector<float> s(Mp * ng);
+  std::vector<int32_t> a(Mp * ng);
+  quantize_rows(x.data_ptr<float>(), M, K, f.G, qd, s.data(), a.data(), vector, layout, tiles);
+  std::vector<float> fa(Mp * ng);  // the vector path's A as a float: z*A (symmetric) or A (affine), exact
+  for (int64_t i = 0; i < Mp * ng; ++i) fa[i] = (float)(f.zero >= 0 ? f.zero * a[i] : a[i]);
 #ifdef SPECSTRUCT_VNNI
   if (vector && f.zero >= 0)  // panel_vnni's biased D: MAGIC + z*A, exact (an integer below 2^24)
-    for (int64_t i = 0; i < M * ng; ++i) fa[i] += MAGIC;
+    for (int64_t i = 0; i < Mp * ng; ++i) fa[i] += MAGIC;
 #endif
   const uint8_t* wd = packed.data_ptr<uint8_t>();
   float* yd = y.data_ptr<float>();
   const int64_t pbytes = ng * group_bytes(f);
-  at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t p = pick_panel ? pick_panel[i] : i;
-      const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-      for (int64_t r = 0; r < M; r += even) {
-        const int R = (int)std::min<int64_t>(even, M - r);
-        const uint8_t* w = wd + p * pbytes;
-        const Scales sc = st.panel(p);
-#ifdef SPECSTRUCT_VECTOR
-        if (fn) {
-          fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
-             yd + r * ldy + i * NO, ldy, ncols);
-          continue;
+#ifdef SPECSTRUCT_AMX
+  if (tiles) {  // each panel unpacked once, then every block of 16 rows against it
+    share_panels(count, 1, [&](const auto& panels) {
+      if (f.G == 32) tile_configure<32>(); else tile_configure<16>();
+      std::vector<uint8_t> wb(ng * f.G / 4 * 64);
+      std::vector<float> dvb(ng * NO), mvb(ng * NO);
+      int64_t i0, i1;
+      while (panels(i0, i1))
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t p = pick_panel ? pick_panel[i] : i;
+          const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
+          amx.unpack(wd + p * pbytes, st.panel(p), ng, wb.data(), dvb.data(), mvb.data());
+          for (int64_t r = 0; r < M; r += AMX_ROWS)
+            amx.block(wb.data(), dvb.data(), mvb.data(), ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng,
+                      (int)std::min<int64_t>(AMX_ROWS, M - r), yd + r * ldy + i * NO, ldy, ncols);
         }
+      asm volatile("tilerelease" ::);
+    });
+    return y;
+  }
 #endif
-        panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * ldy + i * NO, ldy,
-                     ncols);
+  const int64_t chunk = std::max<int64_t>(1, count / (16 * at::get_num_threads()));
+  share_panels(count, chunk, [&](const auto& panels) {
+    int64_t i0, i1;
+    while (panels(i0, i1))
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t p = pick_panel ? pick_panel[i] : i;
+        const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
+        for (int64_t r = 0; r < M; r += even) {
+          const int R = (int)std::min<int64_t>(even, M - r);
+          const uint8_t* w = wd + p * pbytes;
+          const Scales sc = st.panel(p);
+  #ifdef SPECSTRUCT_VECTOR
+          if (fn) {
+            fn(R, w, sc, ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng, a.data() + r * ng, K, f.zero,
+               yd + r * ldy + i * NO, ldy, ncols);
+            continue;
+          }
+  #endif
+          panel_scalar(f, R, w, sc, ng, qd + r * K, s.data() + r * ng, a.data() + r * ng, K, yd + r * ldy + i * NO, ldy,
+                       ncols);
+        }
       }
-    }
   });
   return y;
 }
@@ -723,6 +944,24 @@ torch::Tensor dequantize_rows(const torch::Tensor& packed, const torch::Tensor& 
   return out;
 }
 
+// The AMX path's switch (tests compare it with the VNNI path bitwise; probes time the two).
+bool use_amx(bool on) {
+#ifdef SPECSTRUCT_AMX
+  return amx_wanted.exchange(on);
+#else
+  (void)on;
+  return false;
+#endif
+}
+
+bool amx_active() {
+#ifdef SPECSTRUCT_AMX
+  return amx_wanted.load() && amx_granted();
+#else
+  return false;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL, as torch's own ops: other Python threads (a server's event loop) run while a layer computes.
   m.def("linear", &linear, "y = x W^T (+ b) on block-quantized weights, each row's result independent of the others",
@@ -733,6 +972,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_rows", &dequantize_rows, "the float32 values of some rows of a block-quantized weight",
         py::call_guard<py::gil_scoped_release>());
+  m.def("use_amx", &use_amx, "turn the AMX path on or off (where granted); returns whether it was on");
+  m.def("amx", &amx_active, "whether products of many rows run on AMX tiles here (the CPU has them, the OS grants them)");
   m.attr("panel_outputs") = NO;
   m.attr("simd") = SIMD;
   m.attr("iq4nl_values") = std::vector<int>(IQ4NL, IQ4NL + 16);  // the table IQ4 codes index (tests compare gguf's)

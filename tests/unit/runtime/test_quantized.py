@@ -279,3 +279,38 @@ def test_a_format_the_kernel_does_not_compute_is_refused_by_name(ext, tmp_path, 
     monkeypatch.setattr(gguf_model, "read_tensors", relabelled)
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_down\.weight is IQ2_XXS.*Q2_K.*IQ4_XS.*weights='float32'"):
         gguf_model.load_quantized(path, model.config)
+
+
+# (outputs, inputs) for the AMX tiles: groups per row not a multiple of the four in flight (3, 5; 8 for K-quants),
+# partial last panels
+TILE_SHAPES = {"whole": [(40, 256), (23, 768)], "groups": [(40, 96), (9, 160)]}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_amx_tiles_give_the_vector_paths_bits_in_blocks_of_16_rows(ext, name):
+    """Where AMX is granted, products of 16 rows and more run on tiles of 16 rows (the last block padded): every row
+    the same bits as the AVX-512 path and the portable path, full blocks and a ragged last one, and a row alone."""
+    if not ext.amx():
+        pytest.skip("no AMX tiles on this machine (not listed, or not granted by the OS)")
+    fmt = quantized.DECODERS[name].fmt
+    shapes = TILE_SHAPES["whole"] + ([] if fmt.gps > 1 else TILE_SHAPES["groups"])
+    for shape in shapes:
+        weight = quantized.from_gguf_blocks(name, random_blocks(name, *shape, seed=6), *shape)
+        args = weight.args()
+        torch.manual_seed(6)
+        x = torch.randn(53, shape[1]) * torch.logspace(-2, 2, 53)[:, None]
+        x[18] = 0
+        x[40] = 127 * torch.sign(torch.randn(shape[1]))
+        want = ext.linear_scalar(x, *args)
+        for n in (16, 17, 31, 32, 53):  # one block, a block and one row, two blocks, a ragged third
+            assert torch.equal(ext.linear(x[:n], *args, None), want[:n]), (shape, n)
+        was = ext.use_amx(False)
+        try:
+            assert torch.equal(ext.linear(x, *args, None), want)  # the AVX-512 path
+        finally:
+            ext.use_amx(was)
+        assert torch.equal(ext.linear(x[37:38], *args, None), want[37:38])  # alone: the vector path
+        panels = torch.tensor([(shape[0] - 1) // quantized.PANEL, 0])
+        cols = (panels[:, None] * quantized.PANEL + torch.arange(quantized.PANEL)).flatten()
+        valid = cols < shape[0]
+        assert torch.equal(ext.linear_panels(x, *args, panels)[:, valid], want[:, cols[valid]])
