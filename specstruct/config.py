@@ -118,6 +118,9 @@ class SpecConfig(BaseModel):
     # In JSON, where the grammar has a choice, propose a string's or number's end, the next key in schema order, a
     # value's opening quote and another item (spec/proposers/guess.py).
     use_structure_guesses: bool = True
+    # Copy from this tenant's (this cache_salt's) earlier prompts and outputs where the text written last recurs in
+    # them (spec/proposers/suffix.py): agent loops and repeated extractions. Never across tenants.
+    use_suffix_index: bool = True
     use_draft_model: bool = True
     # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.
     draft_arbitration: bool = True
