@@ -50,6 +50,9 @@ class EngineConfig(BaseModel):
     draft_model_path: str | None = None  # from_pretrained's draft when none is passed
     # The draft's numerics never change the output (the target verifies every token), only its speed.
     draft_numerics: Literal["int8", "float32"] = "int8"
+    # The draft's LM head computes only the token ids below this (0: all): a cheaper draft step, the same output
+    # (runtime/draft_head.py). Needs a draft whose head keeps GGUF blocks.
+    draft_head_tokens: int = Field(0, ge=0)
     # placement, read by from_pretrained
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
