@@ -50,6 +50,9 @@ class EngineConfig(BaseModel):
     draft_model_path: str | None = None  # from_pretrained's draft when none is passed
     # The draft's numerics never change the output (the target verifies every token), only its speed.
     draft_numerics: Literal["int8", "float32"] = "int8"
+    # The draft's LM head computes only the token ids below this (0: all): a cheaper draft step, the same output
+    # (runtime/draft_head.py). Needs a draft whose head keeps GGUF blocks.
+    draft_head_tokens: int = Field(0, ge=0)
     # placement, read by from_pretrained
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -118,6 +121,9 @@ class SpecConfig(BaseModel):
     # In JSON, where the grammar has a choice, propose a string's or number's end, the next key in schema order, a
     # value's opening quote and another item (spec/proposers/guess.py).
     use_structure_guesses: bool = True
+    # Copy from this tenant's (this cache_salt's) earlier prompts and outputs where the text written last recurs in
+    # them (spec/proposers/suffix.py): agent loops and repeated extractions. Never across tenants.
+    use_suffix_index: bool = True
     use_draft_model: bool = True
     # Greedy: the draft model checks forced-text and lookup candidates and replaces them where it disagrees.
     draft_arbitration: bool = True

@@ -52,6 +52,16 @@ class Stats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def steps(self) -> int:
+        """Decode steps (target passes after the prefill that verified candidates or not)."""
+        return sum(self.k_histogram.values())
+
+    @property
+    def candidates_per_step(self) -> float:
+        """Candidates verified per decode step, on average (k_histogram holds the distribution)."""
+        return self.drafted / self.steps if self.steps else 0.0
+
+    @property
     def tokens_per_forward(self) -> float:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
@@ -68,6 +78,7 @@ class Stats:
         }
         d.update(
             acceptance_rate=self.acceptance_rate,
+            candidates_per_step=self.candidates_per_step,
             tokens_per_forward=self.tokens_per_forward,
             tokens_per_s=self.tokens_per_s,
         )

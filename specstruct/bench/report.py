@@ -139,6 +139,24 @@ def drafter_table(results: dict[str, Any]) -> Any:
     return t
 
 
+def seed_table(results: dict[str, Any]) -> Any:
+    """Per scenario, what this run measured next to the published result's row: speedup over the target alone,
+    acceptance, candidates verified per step (pooled; the per-prompt range in brackets)."""
+    from rich.table import Table
+
+    t = Table(title="next to the published table (4x A100): measured / published")
+    for col in ("scenario", "speedup", "acceptance", "candidates/step (per-prompt range)", "tokens/forward"):
+        t.add_column(col, justify="left" if col == "scenario" else "right")
+    for name, s in results["scenarios"].items():
+        pub = s.get("published_reference") or {}
+        cands, rng, span = s.get("candidates_per_step"), s.get("candidates_per_step_spread"), pub.get("candidates_per_step")
+        t.add_row(name, f"{_num(s.get('speedup'), '{:.2f}x')} / {_num(pub.get('speedup'), '{:.1f}x')}",
+                  f"{_pct(s.get('acceptance_rate'))} / {_pct(pub.get('acceptance_rate'))}",
+                  f"{_num(cands)}" + (f" ({rng['min']:.2f}-{rng['max']:.2f})" if rng else "")
+                  + f" / {f'{span[0]}-{span[1]}' if span else '-'}", _num(s.get("tokens_per_forward")))
+    return t
+
+
 def problems(results: dict[str, Any]) -> list[str]:
     """Lines naming every invalid output, greedy mismatch, skipped prompt and side error."""
     lines = []
@@ -169,6 +187,8 @@ def print_report(results: dict[str, Any], console: Any = None) -> None:
         console.print(side_table(results))
     if any(s.get("per_drafter") for s in results["scenarios"].values()):
         console.print(drafter_table(results))
+    if any(s.get("candidates_per_step") is not None for s in results["scenarios"].values()):
+        console.print(seed_table(results))
     console.print(f"models: target {meta['models']['target']}, draft {meta['models']['draft']} "
                   f"(weights {meta['models']['weights']}); machine: {meta['machine']['cpu']}, "
                   f"{meta['machine']['torch_threads']} torch threads, load average {meta['machine'].get('load_average_1m')} "

@@ -14,6 +14,8 @@ SPEC, TARGET_ONLY = "specstruct", "target-only"
 EXTERNAL = ("outlines", "hf", "hf-assisted", "llama.cpp")
 # A published multi-GPU result (4x A100) the issue asks to report against: (speedup, acceptance rate).
 PUBLISHED = {"json": (3.8, 0.891), "code": (3.0, 0.623), "prose": (1.8, 0.176)}
+# The candidates per step the same result names: 5-8 on JSON, 1-2 on prose where acceptance is low (none for code).
+PUBLISHED_CANDIDATES = {"json": (5, 8), "prose": (1, 2)}
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
@@ -57,6 +59,16 @@ def _pooled_drafters(spec_runs: list[dict[str, Any]]) -> dict[str, dict[str, Any
     for p in pooled.values():
         p["acceptance_rate"] = p["accepted"] / p["proposed"] if p["proposed"] else None
     return pooled
+
+
+def _steps(m: dict[str, Any]) -> int:
+    return sum(int(v) for v in (m.get("k_histogram") or {}).values())
+
+
+def _candidates(m: dict[str, Any]) -> float | None:
+    """Candidates verified per decode step in one run (None where it reports no steps)."""
+    steps = _steps(m)
+    return (m.get("drafted") or 0) / steps if steps else None
 
 
 def _prefill(m: dict[str, Any]) -> float | None:
@@ -104,6 +116,8 @@ def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
         "acceptance_rate_spread": spread([m.get("acceptance_rate") for m in spec]),
         "drafted": drafted,
         "accepted": accepted,
+        "candidates_per_step": drafted / steps if (steps := sum(_steps(m) for m in spec)) else None,
+        "candidates_per_step_spread": spread([_candidates(m) for m in spec]),
         "tokens_per_forward": _median([m.get("tokens_per_forward") for m in spec]),
         "per_drafter": _pooled_drafters(spec),
         "valid": _count(done, "valid", SPEC),
@@ -115,7 +129,8 @@ def summarize_scenario(records: list[dict[str, Any]]) -> dict[str, Any]:
         summary["pass_at_1"] = {s: _count(done, "passed", s)["rate"] for s in sides}
     if records and records[0]["scenario"] in PUBLISHED:
         speed, rate = PUBLISHED[records[0]["scenario"]]
-        summary["published_reference"] = {"speedup": speed, "acceptance_rate": rate, "setting": "4x A100, multi-GPU"}
+        summary["published_reference"] = {"speedup": speed, "acceptance_rate": rate, "setting": "4x A100, multi-GPU",
+                                          "candidates_per_step": PUBLISHED_CANDIDATES.get(records[0]["scenario"])}
     return summary
 
 

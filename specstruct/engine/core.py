@@ -19,6 +19,7 @@ from specstruct.engine.scheduler import DecoderFactory, Scheduler
 from specstruct.runtime.kv.memory import KVBudget, build as build_kv_tiers, close_all
 from specstruct.runtime.kv.prefix_cache import PrefixCache
 from specstruct.runtime.kv.store import KVStore
+from specstruct.runtime.draft_head import HeadRestricted
 from specstruct.runtime.model_runtime import ModelRuntime, quantize_draft
 from specstruct.runtime.half_linear import is_half
 from specstruct.runtime.quantized import is_quantized
@@ -58,12 +59,14 @@ def build(model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int], 
     scheduler's row decoder and `target` the target's runtime (test doubles: testing.scripted_engine)."""
     device = next(model.parameters()).device
     runtime: Runtime = target or ModelRuntime(model)
-    draft_rt = None
+    draft_rt: Runtime | None = None
     if draft_model is not None:
         if engine_config.draft_numerics == "int8" and next(draft_model.parameters()).device.type == "cpu" \
                 and not is_quantized(draft_model) and not is_half(draft_model):  # a GGUF draft computes as it ships
             draft_model = quantize_draft(draft_model)
         draft_rt = ModelRuntime(draft_model)
+        if engine_config.draft_head_tokens:  # the draft's head over the frequent token ids only
+            draft_rt = HeadRestricted(draft_rt, engine_config.draft_head_tokens)
     prefix_cache, kv_store = build_kv_tiers(engine_config.prefix_cache_bytes, engine_config.kv_memory, device)
     budget = KVBudget(engine_config.kv_memory.active_bytes, model, draft_model)
     speculator = Speculator(runtime, tokenizer, eos_token_ids, draft=draft_rt, config=config,

@@ -69,6 +69,7 @@ class Traits:
     sizing: Sizing
     model_step: bool = False  # runs a model: costs a step per token, proposes for every row at once (BatchProposer)
     reads_text: bool = False  # whether `propose` wants the context as text (the row keeps it, decoded incrementally)
+    per_tenant: bool = False  # a TenantDrafter: `propose` reads the request's tenant, finished requests are remembered
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,20 @@ class Drafter(Proposer, Protocol):
         at the end of `context`; the drafter advances it over what it proposes. `text`: `context` decoded, given
         to drafters that read text (a drafter decodes `context` itself when it is None). `room` (at least k): the
         most the step can take, which a drafter may use past k where it knows more than the policy's length."""
+        ...
+
+
+@runtime_checkable
+class TenantDrafter(Drafter, Protocol):
+    """A free proposer that learns from a tenant's finished requests (`per_tenant` True): the row passes `tenant`
+    (its `cache_salt`) to `propose`, and a request that finished with the proposer switched on is `remember`ed under
+    its tenant. Nothing one tenant's requests taught it may be proposed to another."""
+
+    def propose(self, context: Sequence[int], constraint: Constraint, k: int, temperature: float,
+                text: str | None = None, room: int | None = None, tenant: Hashable = None) -> Draft: ...
+
+    def remember(self, tenant: Hashable, ids: Sequence[int]) -> None:
+        """A finished request of `tenant`: its prompt and output as token ids."""
         ...
 
 

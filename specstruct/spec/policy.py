@@ -6,9 +6,9 @@ step, c * T(1). With acceptance a and k drafted tokens a step yields on average 
 tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
 when the best k beats k = 0; free drafters (forced text, prompt lookup, guesses) cost only the extra verification rows.
 
-Prompt lookup is judged differently: its first token is a guess (did the text written last recur where the
-output copies from?) and the tokens after an accepted first one are a copy, right far more often. It keeps two
-rates, the first token's p and the copy's a, and proposes the k that maximises (1 + p * E(a, k - 1)) / (T(k+1)/T(1)):
+A copying proposer (prompt lookup, the suffix index) is judged differently: its first token is a guess (did the text
+written last recur where the output copies from?) and the tokens after an accepted first one are a copy, right far
+more often. It keeps two rates per proposer, the first token's p and the copy's a, and proposes the k that maximises (1 + p * E(a, k - 1)) / (T(k+1)/T(1)):
 with verification rows nearly free, a copy runs to the cap unless its guesses almost never land.
 
 That model leaves out what the free drafters would have proposed anyway and the draft's own reading of the prompt,
@@ -82,7 +82,8 @@ class AdaptivePolicy:
         self.draft_cost: float | None = None  # EMA seconds of one draft-model step
         self.draft_step: float | None = None  # seconds of one draft step timed when the engine was built
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
-        self.lookup: dict[Mode, tuple[float, float]] = {}  # mode -> prompt lookup's (first-token, copy) rates
+        # (mode, proposer) -> a copying proposer's (first-token, copy) rates (prompt lookup, the suffix index)
+        self.lookup: dict[tuple[Mode, str], tuple[float, float]] = {}
         # (mode, with the draft model) -> decayed (seconds, output tokens) of a lone row's steps; tokens measured
         self.arms: dict[tuple[Mode, bool], tuple[float, float]] = {}
         self.arm_tokens: dict[tuple[Mode, bool], int] = defaultdict(int)
@@ -107,7 +108,7 @@ class AdaptivePolicy:
     def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True) -> int:
         key = (mode, t.name)
         if t.sizing is Sizing.COPY:
-            best = self.lookup_k(mode, cap)
+            best = self.lookup_k(mode, cap, t.name)
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
             if t.model_step and self.use_timing and not self._model_arm(mode, alone):
@@ -146,20 +147,20 @@ class AdaptivePolicy:
         out: list[float] = []
         for name, count in segments:
             if _sizing(name) is Sizing.COPY:
-                first, copy = self.lookup_rates(mode)
+                first, copy = self.lookup_rates(mode, name)
                 out += [first] + [copy] * (count - 1)
                 continue
             rate = self.rate[(mode, name)]
             out += [default if rate is None else rate] * count
         return out
 
-    def lookup_rates(self, mode: Mode) -> tuple[float, float]:
-        """Prompt lookup's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
-        return self.lookup.get(mode, PRIOR_LOOKUP)
+    def lookup_rates(self, mode: Mode, name: str) -> tuple[float, float]:
+        """A copying proposer's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
+        return self.lookup.get((mode, name), PRIOR_LOOKUP)
 
-    def lookup_k(self, mode: Mode, k_max: int) -> int:
-        """The prompt lookup length in 0..k_max that maximises expected tokens per unit of pass time."""
-        p, a = self.lookup_rates(mode)
+    def lookup_k(self, mode: Mode, k_max: int, name: str) -> int:
+        """A copying proposer's length in 0..k_max that maximises expected tokens per unit of pass time."""
+        p, a = self.lookup_rates(mode, name)
         best, best_rate = 0, 1.0
         for k in range(1, k_max + 1):
             rate = (1.0 + p * expected_tokens(a, k - 1)) / self.verify_ratio(k + 1)
@@ -248,11 +249,11 @@ class AdaptivePolicy:
             return
         sizing = _sizing(drafter)
         if sizing is Sizing.COPY:  # a guess, then a copy: two rates (lookup_k)
-            p, a = self.lookup_rates(mode)
+            p, a = self.lookup_rates(mode, drafter)
             p = _ema(p, float(accepted > 0))
             if accepted and proposed > 1:
                 a = _ema(a, (accepted - 1) / (proposed - 1))
-            self.lookup[mode] = (p, a)
+            self.lookup[(mode, drafter)] = (p, a)
             return
         cfg = config or self.config
         key = (mode, drafter)

@@ -8,7 +8,7 @@ everything that is per request: constraint state, policy and acceptance history,
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import torch
 
@@ -16,7 +16,7 @@ from specstruct.config import SpecConfig
 from specstruct.constraints.base import Constraint, Mode, finished
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
-from specstruct.spec.interfaces import Plan, Proposal, Proposer, Sequence_
+from specstruct.spec.interfaces import Plan, Proposal, Proposer, Sequence_, TenantDrafter
 from specstruct.spec.policy import AdaptivePolicy
 from specstruct.spec.proposers.draft_model import DraftState
 from specstruct.spec.proposers.registry import Proposers
@@ -169,6 +169,8 @@ class Row:
         self.stats.new_tokens = len(self.token_ids)
         self.stats.elapsed_s = time.perf_counter() - self.started
         self.stats.batch_rows = self.rows_seen / self.passes if self.passes else 0.0
+        if reason != "error" and self.config.enable_speculative:  # its tenant's per-tenant proposers learn it
+            self.speculator.proposers.remember(self.config, self.config.cache_salt, self.prompt + self.token_ids)
 
     def complete(self) -> bool:
         """For a row max_new_tokens stopped: whether its constraint takes the output as a whole value (final,
@@ -231,8 +233,9 @@ class Row:
             if drafter is None or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
             text = self._context_text(step.cands) if drafter.traits.reads_text else None
-            d = drafter.propose(context + step.cands, step.fork, room, self.config.temperature, text=text,
-                                room=budget - len(step.cands))
+            args = (context + step.cands, step.fork, room, self.config.temperature, text, budget - len(step.cands))
+            d = (cast(TenantDrafter, drafter).propose(*args, tenant=self.config.cache_salt)  # its tenant's index only
+                 if drafter.traits.per_tenant else drafter.propose(*args))
             step.add(name, d.tokens, d.q)
         step.model_room = max(0, min(step.model_room, budget - len(step.cands)))
         if step.cands and step.cands[-1] in self.speculator.eos:

@@ -92,7 +92,7 @@ def test_speculation_saves_target_passes_on_structured_output(tok, target, close
 
 
 SWITCHES = dict(model="use_draft_model", forced="use_forced_text", lookup="use_prompt_lookup",
-                guess="use_structure_guesses")
+                guess="use_structure_guesses", suffix="use_suffix_index")
 
 
 @pytest.mark.parametrize("drafter", list(SWITCHES), ids=[f"{d}-only" for d in SWITCHES])

@@ -27,7 +27,10 @@ def test_typed_result_and_stats(engine):
     assert 0 < s.target_forwards <= s.new_tokens + 1
     assert s.tokens_per_forward == s.new_tokens / s.target_forwards
     assert s.elapsed_s > 0 and s.tokens_per_s > 0 and 0 < s.mask_time_s < s.elapsed_s
-    assert set(s.to_dict()) >= {"acceptance_rate", "tokens_per_forward", "per_drafter", "k_histogram"}
+    assert set(s.to_dict()) >= {"acceptance_rate", "tokens_per_forward", "per_drafter", "k_histogram",
+                                "candidates_per_step"}
+    assert s.steps == sum(s.k_histogram.values()) == s.target_forwards - 1  # every pass after the prefill's
+    assert s.candidates_per_step == s.drafted / s.steps
 
 
 def test_generate_returns_the_value(engine):

@@ -5,13 +5,14 @@ and the batch see proposers only through their traits (interfaces.Traits)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Hashable, Protocol, Sequence, cast
 
-from specstruct.spec.interfaces import BatchProposer, Drafter, Proposer, Setup, Traits
+from specstruct.spec.interfaces import BatchProposer, Drafter, Proposer, Setup, TenantDrafter, Traits
 from specstruct.spec.proposers.draft_model import DraftModelDrafter, Job
 from specstruct.spec.proposers.forced import ForcedTextDrafter
 from specstruct.spec.proposers.guess import StructureGuessDrafter
 from specstruct.spec.proposers.lookup import PromptLookupDrafter
+from specstruct.spec.proposers.suffix import SuffixIndexDrafter
 
 
 class Registered(Protocol):
@@ -22,7 +23,8 @@ class Registered(Protocol):
     def create(self, setup: Setup) -> Proposer | None: ...
 
 
-REGISTERED: tuple[Registered, ...] = (ForcedTextDrafter, PromptLookupDrafter, StructureGuessDrafter, DraftModelDrafter)
+REGISTERED: tuple[Registered, ...] = (ForcedTextDrafter, PromptLookupDrafter, SuffixIndexDrafter, StructureGuessDrafter,
+                                      DraftModelDrafter)
 
 TRAITS: dict[str, Traits] = {cls.traits.name: cls.traits for cls in REGISTERED}  # name -> traits, in order
 
@@ -41,6 +43,13 @@ class Proposers:
         if self.batched is not None:
             out[self.batched.name] = self.batched
         return out
+
+    def remember(self, switches: object, tenant: Hashable, ids: Sequence[int]) -> None:
+        """A finished request (`switches`: its SpecConfig): every per-tenant proposer it had switched on learns its
+        prompt and output (`ids`) under `tenant`."""
+        for p in self.free.values():
+            if p.traits.per_tenant and getattr(switches, p.traits.switch, False):
+                cast(TenantDrafter, p).remember(tenant, ids)
 
 
 def build(setup: Setup) -> Proposers:

@@ -191,6 +191,27 @@ def test_summary_medians_ratios_and_counts():
     assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == {"median": 3.0, "p25": 2.0, "p75": 4.0, "min": 1.0, "max": 5.0, "n": 5}
 
 
+def test_summary_reports_candidates_per_step_next_to_the_published_row():
+    from rich.console import Console
+
+    from specstruct.bench.report import seed_table
+
+    def rec(i, drafted, histogram):
+        spec = {"tokens_per_s": 2.0, "new_tokens": 10, "per_drafter": {}, "drafted": drafted, "accepted": 1,
+                "acceptance_rate": 1 / drafted, "k_histogram": histogram}
+        return {"id": f"p{i}", "scenario": "prose", "status": "ok", "speedup": {"target-only": 1.0},
+                "sides": {"specstruct": spec, "target-only": {"tokens_per_s": 2.0, "new_tokens": 10}},
+                "valid": {}, "identical": True}
+
+    s = summarize([rec(0, 6, {"2": 3, "0": 1}), rec(1, 2, {"1": 2, "0": 2})])["prose"]
+    assert s["candidates_per_step"] == pytest.approx(8 / 8)  # pooled: all candidates over all decode steps
+    assert (s["candidates_per_step_spread"]["min"], s["candidates_per_step_spread"]["max"]) == (0.5, 1.5)
+    assert s["published_reference"]["candidates_per_step"] == (1, 2)
+    console = Console(record=True, width=160)
+    console.print(seed_table({"scenarios": {"prose": s}}))
+    assert "1.00 (0.50-1.50) / 1-2" in console.export_text()
+
+
 def test_cli_quick_on_tiny_models(tmp_path):
     from typer.testing import CliRunner
 

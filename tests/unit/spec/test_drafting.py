@@ -225,8 +225,9 @@ def test_the_draft_reads_a_prompt_only_when_it_drafts_and_in_chunks(tok, target,
     fed: list[int] = []
     _spy(draft, fed)
     plain = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, enable_speculative=False)))
-    free = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12, use_draft_model=False)))
+    alone = dict(max_new_tokens=12, use_suffix_index=False)  # the same prompt again: the index would copy it all
+    free = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(**alone, use_draft_model=False)))
     assert fed == [] and free.token_ids == plain.token_ids  # never asked: the draft never read the prompt
-    drafted = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(max_new_tokens=12)))
+    drafted = run_alone(eng.row(prompt, _free(tok, eng.target), SpecConfig(**alone)))
     assert drafted.token_ids == plain.token_ids and drafted.stats.per_drafter["model"].proposed > 0
     assert fed[:2] == [CATCH_UP, CATCH_UP]  # its prompt in chunks, a step each, before its first draft

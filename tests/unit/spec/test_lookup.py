@@ -119,21 +119,21 @@ def test_lookup_length_follows_its_two_rates():
         pol.observe_cost("target", rows, 1.0 + 0.03 * (rows - 1))  # rows nearly free, as measured on a CPU
     for _ in range(20):
         pol.observe("json", "lookup", 1, 0)  # every first token wrong
-    first, copy = pol.lookup_rates("json")
+    first, copy = pol.lookup_rates("json", "lookup")
     assert first < 0.01 and copy == 0.8  # no copy was judged
     limits = [pol.plan("json").limits.get("lookup", 0) for _ in range(2 * PROBE_EVERY)]
     assert limits.count(0) >= 2 * PROBE_EVERY - 2 and 1 in limits  # off, probed now and then
     for _ in range(20):
         pol.observe("json", "lookup", 6, 5)  # copies right up to the value's end
-    assert pol.lookup_rates("json")[0] > 0.99 and pol.plan("json").limits["lookup"] >= 6
-    assert pol.lookup_rates("code") == pol.lookup_rates("text")  # per mode
+    assert pol.lookup_rates("json", "lookup")[0] > 0.99 and pol.plan("json").limits["lookup"] >= 6
+    assert pol.lookup_rates("code", "lookup") == pol.lookup_rates("text", "lookup")  # per mode
 
 
 def test_lookup_candidates_are_valued_as_a_guess_then_a_copy():
     from specstruct.spec.row import Step
 
     pol = AdaptivePolicy(SpecConfig(), {"forced", "lookup"})
-    pol.lookup["json"] = (0.3, 0.9)
+    pol.lookup[("json", "lookup")] = (0.3, 0.9)
     step = Step(None, 8, 0)
     step.add("forced", [1, 2], None)
     step.add("lookup", [3, 4, 5], None)

@@ -201,8 +201,9 @@ def test_a_new_proposer_is_one_class_and_one_registration(monkeypatch):
     monkeypatch.setattr(registry, "REGISTERED", (*registry.REGISTERED, Echo))
     monkeypatch.setitem(registry.TRAITS, Echo.name, Echo.traits)
     speculator = Speculator(NoModel(), TOK, [EOS], config=QUIET)
-    assert list(speculator.proposers.free) == ["forced", "lookup", "guess", "echo"]
-    only = SpecConfig(max_new_tokens=8, use_forced_text=False, use_prompt_lookup=False, use_structure_guesses=False)
+    assert list(speculator.proposers.free) == ["forced", "lookup", "suffix", "guess", "echo"]
+    only = SpecConfig(max_new_tokens=8, use_forced_text=False, use_prompt_lookup=False, use_structure_guesses=False,
+                      use_suffix_index=False)
     batch = BatchDecoder(speculator)
     row = speculator.row([1, 3, 4], Free(), only)
     batch.add(row)
