@@ -16,11 +16,16 @@ the accept test handles). The KV a pass writes is unchanged, so its prefix-cache
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, Sequence
 
 import torch
 
+from specstruct.runtime.kv.layers import KVLayers
+from specstruct.runtime.packed import KVSequence
 from specstruct.runtime.quantized import PANEL, QuantLinear
+
+if TYPE_CHECKING:
+    from specstruct.runtime.model_runtime import ModelRuntime
 
 
 def head_of(model: torch.nn.Module) -> QuantLinear | None:
@@ -56,7 +61,7 @@ class HeadRestricted:
     """A draft runtime whose passes compute the LM head over the first `tokens` token ids only (see module doc).
     Everything else is the inner runtime's."""
 
-    def __init__(self, inner: Any, tokens: int):
+    def __init__(self, inner: ModelRuntime, tokens: int):
         head = head_of(inner.model)
         if head is None:
             raise ValueError("draft_head_tokens needs a draft whose LM head keeps GGUF blocks (a GGUF or registry "
@@ -71,13 +76,14 @@ class HeadRestricted:
         self.row_invariant: bool = inner.row_invariant
         self.packed: bool = inner.packed
         self.reuses_prefixes: bool = inner.reuses_prefixes
+        self.max_length: int | None = inner.max_length
         self._key: Hashable = inner.cache_key  # the KV is the inner runtime's: only the logits differ
 
     @property
     def cache_key(self) -> Hashable:
         return self._key
 
-    def sequence(self, layers: list[Any] | None = None, length: int = 0) -> Any:
+    def sequence(self, layers: KVLayers | None = None, length: int = 0) -> KVSequence:
         return self.inner.sequence(layers, length)
 
     def forward(self, segments: Sequence[tuple[Any, Sequence[int]]], keep: Sequence[int],

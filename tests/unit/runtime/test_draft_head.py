@@ -26,7 +26,8 @@ def q8_draft(close_draft):
 
 def test_logits_below_the_limit_are_the_whole_heads(q8_draft):
     whole = ModelRuntime(q8_draft)
-    part = HeadRestricted(ModelRuntime(q8_draft), TOKENS)
+    inner = ModelRuntime(q8_draft)
+    part = HeadRestricted(inner, TOKENS)
     ids = list(range(5, 40))
     a, b = whole.sequence(), part.sequence()
     (la,), (lb,) = whole.forward([(a, ids)], [7]), part.forward([(b, ids)], [7])
@@ -35,7 +36,7 @@ def test_logits_below_the_limit_are_the_whole_heads(q8_draft):
     assert a.length == b.length and all(torch.equal(x, y) for x, y in zip(a.layers()[0], b.layers()[0]))
     (la,), (lb,) = whole.forward([(a, [9])], [1]), part.forward([(b, [9])], [1])  # the caches stayed the same
     assert torch.equal(la[:, :TOKENS], lb[:, :TOKENS])
-    assert part.cache_key == whole.cache_key and "below 200" in part.numerics
+    assert part.cache_key == inner.cache_key and "below 200" in part.numerics  # the inner runtime's KV namespace
 
 
 def test_refuses_a_head_it_cannot_restrict(close_draft, q8_draft):
