@@ -66,6 +66,10 @@ def hostile_bodies(model: str) -> dict[str, dict[str, Any] | Raw]:
         "negative-seed": body(seed=-1),
         "slow-grammar-compile": body(structured_outputs={"grammar": "start: " + " | ".join(
             f'"w{i}x"' for i in range(20_000))}),
+        "hostile-tool-schemas": body(tools=[{"type": "function", "function": {"name": f"t{i}", "parameters": {
+            "type": "object", "properties": {f"p{k}": {"type": "string", "pattern": "^(?:(a|aa)+b)?a{42}$"}
+                                             for k in range(i * 50)}}}} for i in range(1, 5)],
+            tool_choice="required"),
     }
 
 

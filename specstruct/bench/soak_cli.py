@@ -56,7 +56,10 @@ def soak(
                                        help="Share of streamed requests whose client hangs up mid-reply."),
     hostile: str = typer.Option("all", "--hostile", help="Comma-separated hostile kinds, 'all' or 'none': "
                                 "grammar-loop, backtracking-pattern, huge-grammar, many-stops, many-tools, "
-                                "surrogate-property, bad-regex."),
+                                "surrogate-property, bad-regex, header-flood (128 MB of headers), "
+                                "huge-int-max-tokens, huge-int-seed, huge-int-unknown-field, huge-int-schema-maximum "
+                                "(5,000-digit integers), nan-temperature, negative-seed, slow-grammar-compile, "
+                                "hostile-tool-schemas."),
     max_tokens: int = typer.Option(128, "--max-tokens", min=1),
     prompts: int = typer.Option(8, "--prompts", min=1, help="Distinct extraction prompts to cycle through."),
     deadline: float = typer.Option(60.0, "--deadline", min=1.0, help="Seconds a hostile request may take."),

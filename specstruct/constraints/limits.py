@@ -7,7 +7,9 @@ A server accepts user schemas and regexes, so no compile may take the process do
   allocate tens of GB (`(a{1,1000}){1,1000}`, `maxItems: 1e9` as `{0,999999999}`), in a worker process
   (isolate.py); llguidance's compile has no clock (a 200,000-alternative Lark grammar validates for minutes) and
   panics past 65,535 grammar symbols: a user's Lark grammar is compiled in a forked child that then keeps its
-  matcher (grammar_worker.py), a JSON schema's first compile is a trial in a forked child (llguidance/bounded.py);
+  matcher (grammar_worker.py), a JSON schema's first compile is a trial in a forked child (llguidance/bounded.py),
+  and so are a request's tool parameter schemas (together), the tool-call grammar's first compile, and the check of
+  a schema that needs no tokenizer (`check_spec`, which the CLI runs before loading a model);
 - while generating, llguidance is bounded by its own fuel and size limits (`llguidance_limits()`), except for
   loops none of them stops: a user's Lark grammar's matcher stays in its child, each call under `mask_time_s`;
 - before either, `check_regex` and `check_schema` refuse inputs whose size is out of bounds, naming the limit.

@@ -18,6 +18,7 @@ from typing import Any
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's length
 
 
 @dataclass
@@ -66,6 +67,12 @@ class _Cursor:
                 if keep:
                     return list(self.unpack(fmt)) if count != 1 else [self.unpack(fmt)]
                 self.at += struct.calcsize("<" + fmt)
+                return None
+            if inner == _STRING and not keep:  # a vocabulary's tokens and merges: skipped in a tight loop
+                at, buf, length = self.at, self.buf, _LENGTH.unpack_from
+                for _ in range(count):
+                    at += 8 + length(buf, at)[0]
+                self.at = at
                 return None
             items = [self.value(inner, keep) for _ in range(count)]
             return items if keep else None

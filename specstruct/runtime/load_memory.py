@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ _PAGE = 4096
 _MADV_PAGEOUT = 21  # Linux 5.4+; an older kernel answers EINVAL and the pages are simply left to the kernel
 
 
+@functools.lru_cache(maxsize=None)  # find_library runs ldconfig (a subprocess): once, not per tensor
 def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

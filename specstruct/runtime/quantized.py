@@ -28,6 +28,8 @@ from specstruct.runtime.gguf_blocks import DECODERS, Format
 
 _KERNEL = native.Kernel("specstruct_blockq_linear", Path(__file__).parent / "csrc" / "blockq_linear.cpp",
                         "the block-quantized Linear kernel", "quantized weights cannot be computed")
+_PACKER = native.Kernel("specstruct_block_pack", Path(__file__).parent / "csrc" / "block_pack.cpp",
+                        "the weight packer", "weights are packed with numpy and torch ops instead (slower loading)")
 PANEL = 16  # outputs per panel (the kernel's panel_outputs)
 
 
@@ -92,7 +94,7 @@ class QuantWeight:
         """Rows [row0, row0 + len(u)) (row0 a multiple of 16): u [rows, in] uint8; scale/mins [rows, super-blocks];
         sub/submins [rows, groups] int8 (K-quants)."""
         fmt, rows = self.fmt, u.shape[0]
-        panels, groups = -(-rows // PANEL), self.in_features // fmt.group
+        panels = -(-rows // PANEL)
         pad = panels * PANEL - rows
         p0 = row0 // PANEL
 
@@ -103,24 +105,11 @@ class QuantWeight:
             return t.view(panels, PANEL, -1).permute(0, 2, 1)
 
         ut = torch.from_numpy(np.ascontiguousarray(u, dtype=np.uint8))
-        if pad:
-            ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
-        quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
-        v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
-        if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: a low plane of lb bits, 8 / lb quads per byte: quad i in
-            lb = 4 if fmt.bits >= 4 else 2  # bits 0..lb-1, quad i + n in bits lb..2lb-1, ... (n quad vectors)
-            n = fmt.group // 4 * lb // 8
-            low = v & ((1 << lb) - 1)
-            plane = low[:, :, :n].clone()
-            for j in range(1, 8 // lb):
-                plane |= low[:, :, j * n : (j + 1) * n] << (lb * j)
-            planes = [plane.reshape(panels, groups, -1)]
-            if fmt.bits > lb:  # bits lb and up: per quad vector and bit, a 64-bit mask with bit k for byte k
-                high = np.stack([((v >> (lb + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - lb)], axis=3)
-                masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - lb, 8]
-                planes.append(torch.from_numpy(masks).reshape(panels, groups, -1))
-            v = torch.cat(planes, dim=-1)
-        self.packed[p0 : p0 + panels] = v.reshape(panels, groups, -1)
+        packer = _PACKER.load()
+        if packer is not None:  # one pass in C++, straight into the panels
+            packer.pack(ut, self.packed[p0 : p0 + panels], fmt.group, fmt.bits, max(fmt.zero, 0))
+        else:
+            self.packed[p0 : p0 + panels] = pack_panels(fmt, ut, panels)
         self.scales[p0 : p0 + panels] = panelled(scale, np.float16)
         if self.mins is not None:
             self.mins[p0 : p0 + panels] = panelled(mins, np.float16)
@@ -158,6 +147,30 @@ class QuantWeight:
 
     def dequantize(self) -> torch.Tensor:
         return self.rows(torch.arange(self.out_features))
+
+
+def pack_panels(fmt: Format, ut: torch.Tensor, panels: int) -> torch.Tensor:
+    """Decoded values ut [rows, in] uint8 as the kernel's panels [panels, groups, bytes] (csrc/block_pack.cpp does
+    the same in one pass; this is its reference and its fallback)."""
+    groups, pad = ut.shape[1] // fmt.group, panels * PANEL - ut.shape[0]
+    if pad:
+        ut = torch.cat([ut, ut.new_full((pad, ut.shape[1]), max(fmt.zero, 0))])
+    quads = ut.view(torch.int32).view(panels, PANEL, groups, fmt.group // 4)  # 4 inputs as one 32-bit word
+    v = quads.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, fmt.group // 4, -1)
+    if fmt.bits < 8:  # [P, ng, quads, 16 x 4 bytes]: a low plane of lb bits, 8 / lb quads per byte: quad i in
+        lb = 4 if fmt.bits >= 4 else 2  # bits 0..lb-1, quad i + n in bits lb..2lb-1, ... (n quad vectors)
+        n = fmt.group // 4 * lb // 8
+        low = v & ((1 << lb) - 1)
+        plane = low[:, :, :n].clone()
+        for j in range(1, 8 // lb):
+            plane |= low[:, :, j * n : (j + 1) * n] << (lb * j)
+        planes = [plane.reshape(panels, groups, -1)]
+        if fmt.bits > lb:  # bits lb and up: per quad vector and bit, a 64-bit mask with bit k for byte k
+            high = np.stack([((v >> (lb + b)) & 1).numpy().astype(bool) for b in range(fmt.bits - lb)], axis=3)
+            masks = np.packbits(high, axis=-1, bitorder="little")  # [P, ng, quads, bits - lb, 8]
+            planes.append(torch.from_numpy(masks).reshape(panels, groups, -1))
+        v = torch.cat(planes, dim=-1)
+    return v.reshape(panels, groups, -1)
 
 
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the temporary numpy arrays of a large tensor (the LM head)

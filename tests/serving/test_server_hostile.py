@@ -262,3 +262,34 @@ def test_numbers_json_or_the_field_does_not_allow(http, text, words):
     assert resp.status_code == 400, resp.text[:500]
     for word in words:
         assert word in resp.json()["error"]["message"], resp.json()
+
+
+@pytest.mark.parametrize("part", ["parameters", "grammar"])
+def test_a_tool_call_compile_past_the_time_limit_is_a_400_at_it(http, monkeypatch, part):
+    """A request's tools compile under the compile limits as every constraint: their parameter schemas, then the
+    tool-call grammar. Past `time_s` the request ends at the limit with a 400 naming it, and the next one goes on."""
+    import time
+
+    from specstruct.constraints import limits as L
+    from specstruct.constraints.llguidance import grammar, json_schema
+
+    module, name = (json_schema, "_grammar") if part == "parameters" else (grammar, "build_matcher")
+    real = getattr(module, name)
+
+    def slow(*args, **kwargs):
+        time.sleep(30)
+        return real(*args, **kwargs)
+
+    tools = [tool(f"slow_{part}")]  # never prepared before in this process
+    if part == "grammar":
+        assert chat(http, tools=tools, tool_choice="required").status_code == 200  # the parameters, prepared
+        tools = [tool("another_name")]  # the same parameters (prepared), another grammar (not compiled yet)
+    monkeypatch.setattr(L, "_LIMITS", L.limits())
+    L.set_limits(time_s=1.0)
+    monkeypatch.setattr(module, name, slow)
+    start = time.monotonic()
+    resp = chat(http, tools=tools, tool_choice="required", max_tokens=4)
+    assert time.monotonic() - start < 2.5
+    refused(resp, "tools", "limit time_s=1.0", "SPECSTRUCT_COMPILE_TIME_S")
+    monkeypatch.undo()
+    assert chat(http, tools=tools, tool_choice="required", max_tokens=4).status_code == 200

@@ -47,3 +47,12 @@ def test_every_hostile_body_is_a_request_a_client_can_send():
         if isinstance(raw, Raw):  # bodies a client can write, though Python's json cannot read them all
             assert raw.body.startswith(b'{"model": "tiny"') and b'"@"' not in raw.body, name
     assert b"9" * 5000 in bodies["huge-int-seed"].body and bodies["header-flood"].header_bytes >= 128 << 20
+
+
+def test_the_help_names_every_hostile_kind():
+    import inspect
+
+    from specstruct.bench.soak_cli import soak as command
+
+    help_text = inspect.signature(command).parameters["hostile"].default.help
+    assert [k for k in hostile_bodies(MODEL) if k not in help_text] == []

@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from specstruct.constraints.limits import limits, too_complex
 from specstruct.errors import ConstraintError
@@ -30,6 +30,7 @@ _PANICS = {  # words of an llguidance panic -> what it means, in the words of a 
     "symbols.len() < u16::MAX": "it has more rules, terminals and alternatives than llguidance can number (65,535 "
                                 "grammar symbols)"}
 _HEADER = struct.Struct(">I")  # a message over a pipe to or from a child: its length, then its pickle
+T = TypeVar("T")
 
 
 def available() -> bool:
@@ -132,6 +133,20 @@ def run_bounded(fn: Callable[[], Any], what: str) -> Any:
     if not ok:
         raise result
     return result
+
+
+def compile_here(build: Callable[[], T], what: str) -> T:
+    """`build()` in this process, once a trial of it in a child (`run_bounded`) finished within the compile limits:
+    for a compile whose result must live here (an LLMatcher the engine calls directly, which cannot be pickled).
+    The trial's result is dropped; the compile here runs under COMPILING. Without os.fork, only the compile here."""
+    if available():
+        run_bounded(lambda: _dropped(build()), what)
+    with COMPILING:
+        return build()
+
+
+def _dropped(_: object) -> None:
+    return None
 
 
 def reap(pid: int) -> None:

@@ -8,19 +8,24 @@ many real tokens to hand back to the matcher.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from specstruct.constraints.base import output_text
+from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
 from specstruct.constraints.llguidance import grammar_worker
-from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
+from specstruct.constraints.llguidance.bounded import COMPILING, compile_here, panic, run_bounded
 from specstruct.constraints.llguidance.grammar_probe import trusted
 from specstruct.errors import ConstraintError
 
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
 _LLTOKENIZERS: dict[tuple, object] = {}
+_TEMPLATES = ByteLRU(lambda: limits().cache_mb << 20)  # grammars kept in this process, compiled (see _template)
 _LOCK = threading.Lock()
 
 
@@ -89,6 +94,19 @@ def build_matcher(lark: str, lltok) -> Any:
     return matcher
 
 
+def _template(lark: str, lltok, tokenizer_key: tuple) -> "LLMatcher":
+    """The matcher at the start of a grammar kept in this process (one specstruct wrote: the tool-call grammar),
+    compiled once per tokenizer and limits, after a trial in a child under the compile limits (bounded.compile_here);
+    each request gets a deep copy. Cached by bytes with the compiled schemas' budget (`cache_mb`)."""
+    key = (*tokenizer_key, lark, limits().lexer_fuel, limits().memory_mb)  # a template keeps its limits
+    template = _TEMPLATES.get(key)
+    if template is None:
+        what = "the tool-call grammar" if trusted(lark) else "the grammar"
+        template = compile_here(lambda: build_matcher(lark, lltok), what)
+        _TEMPLATES.put(key, template, 64 * 1024 + 64 * len(lark))
+    return template
+
+
 def check_lark(lark: str) -> None:
     """Refuse a Lark grammar llguidance cannot compile (ConstraintError), without a tokenizer, under the compile
     limits (bounded.py): cheap enough to run before a model loads."""
@@ -124,8 +142,7 @@ class GrammarConstraint:
         if grammar_worker.available() and not trusted(lark):
             matcher = grammar_worker.compile_isolated(lambda: build_matcher(lark, lltok), "the grammar")
         else:
-            with COMPILING:
-                matcher = build_matcher(lark, lltok)
+            matcher = _template(lark, lltok, (table.key, vocab_size)).deep_copy()
         return cls(matcher, tokenizer, vocab_size, eos_ids, mode, special=_special_ids(tokenizer, vocab_size, lark))
 
     def _done(self) -> bool:

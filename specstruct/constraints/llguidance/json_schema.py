@@ -24,7 +24,7 @@ import re
 from typing import Any, Sequence
 
 from specstruct.constraints.cache import ByteLRU
-from specstruct.constraints.llguidance.bounded import COMPILING, panic, run_bounded
+from specstruct.constraints.llguidance.bounded import compile_here, panic, run_bounded
 from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltokenizer
 from specstruct.constraints.limits import check_schema, limits, llguidance_limit, llguidance_limits, too_complex
 from specstruct.constraints.schema.branches import MAX_ONE_OF, deref, rewrite_branches
@@ -89,14 +89,15 @@ def _grammar(source: str | dict | bool, lltok=None) -> tuple[Any, str, str]:
 
 
 def check_support(source: str) -> None:
-    """Refuse a schema llguidance cannot guarantee (ConstraintError naming keyword and path) without a tokenizer:
-    cheap enough to run before a model loads (the CLI does)."""
-    guaranteed_schema(source)
+    """Refuse a schema llguidance cannot guarantee (ConstraintError naming keyword and path) without a tokenizer,
+    in a child under the compile limits (bounded.py): cheap enough to run before a model loads (the CLI does)."""
+    run_bounded(lambda: guaranteed_schema(source), "the JSON schema")
 
 
 def guaranteed_schema(source: str) -> Any:
     """The schema as it is compiled (prepared for llguidance, as `compile_json` would), for embedding in a grammar
-    with `%json` (tool arguments); ConstraintError naming keyword and path when it cannot be guaranteed."""
+    with `%json` (tool arguments); ConstraintError naming keyword and path when it cannot be guaranteed. In this
+    process, without a clock: callers run it under `bounded.run_bounded`."""
     schema, _, error = _grammar(source)
     if error and "Unknown format" not in error:
         raise _error(error, schema)
@@ -113,9 +114,7 @@ def compile_json(source: str, tokenizer, table, vocab_size: int, eos_ids: Sequen
         lltok = _lltokenizer(tokenizer, table, vocab_size)
         # a trial in a child, under the compile limits (llguidance's compile and the rewrites have no clock of
         # their own), running only llguidance and the rewrites; then the compile here, and the language checked
-        run_bounded(lambda: _template(source, lltok) and None, "the JSON schema")
-        with COMPILING:
-            template, schema, grammar = _template(source, lltok)
+        template, schema, grammar = compile_here(lambda: _template(source, lltok), "the JSON schema")
         probe = GrammarConstraint(template.deep_copy(), tokenizer, vocab_size, eos_ids, mode)
         if not probe.mask().any():
             raise ConstraintError("this JSON schema admits no value (its language is empty); check enum/const "

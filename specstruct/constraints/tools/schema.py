@@ -5,10 +5,12 @@ grammar (grammar.py) embeds it with llguidance's `%json`. Each tool's parameters
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Sequence
 
+from specstruct.constraints.cache import ByteLRU
+from specstruct.constraints.limits import limits
+from specstruct.constraints.llguidance.bounded import run_bounded
 from specstruct.constraints.schema.logic import DATA, IGNORED, NAME_MAPS, dict_nodes
 from specstruct.errors import ConstraintError, InvalidParameterError
 
@@ -50,10 +52,9 @@ _IDENTITY = ("$id", "id", "$schema")
 _ANNOTATIONS = IGNORED | {"type"}
 
 
-def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """The tool's parameter schema as the grammar embeds it: an object, closed so the model cannot invent arguments,
-    prepared exactly as a `response_format` schema is (same coverage, same ConstraintError naming keyword and path,
-    prefixed with the tool's name)."""
+def _parameters(tool: dict) -> str:
+    """The tool's parameter schema as JSON text, as it is prepared: an object (ConstraintError for anything else), a
+    tool that declares no arguments closed to `{}`, without a document identity."""
     given = tool["function"].get("parameters")
     params = {} if given is None else given
     if not isinstance(params, dict) or params.get("type", "object") != "object":
@@ -62,19 +63,47 @@ def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     if set(params) <= _ANNOTATIONS:  # a tool that declares no arguments takes none: `{}`
         params = {**params, "properties": {}, "additionalProperties": False}
     params = {k: v for k, v in params.items() if k not in _IDENTITY or not isinstance(v, str)} | {"type": "object"}
-    try:
-        return json.loads(_prepared(json.dumps(params)))  # key order kept: it is the properties' order
-    except ConstraintError as e:
-        hint = (" (it was read as an object schema, \"type\": \"object\": a call's arguments are one JSON object)"
-                if "type" not in (given or {}) and "admits no value" in str(e) else "")
-        raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {e}{hint}") from e
+    return json.dumps(params)
 
 
-@functools.lru_cache(maxsize=256)
-def _prepared(params: str) -> str:  # the same tools come with every request of an agent
+def _arguments_schema(tool: dict[str, Any], prepared: "str | ConstraintError") -> dict[str, Any]:
+    """The tool's parameter schema as the grammar embeds it: an object, closed so the model cannot invent arguments,
+    prepared exactly as a `response_format` schema is (same coverage, same ConstraintError naming keyword and path,
+    prefixed with the tool's name)."""
+    if isinstance(prepared, str):
+        return json.loads(prepared)  # key order kept: it is the properties' order
+    hint = (" (it was read as an object schema, \"type\": \"object\": a call's arguments are one JSON object)"
+            if "type" not in (tool["function"].get("parameters") or {}) and "admits no value" in str(prepared) else "")
+    raise ConstraintError(f"tool {tool_name(tool)!r}: function.parameters: {prepared}{hint}") from prepared
+
+
+# prepared parameter schemas (JSON text, or the refusal) by their JSON text: the same tools come with every request of
+# an agent. Charged by their size against the compiled constraints' budget (`cache_mb`).
+_PREPARED = ByteLRU(lambda: limits().cache_mb << 20)
+
+
+def _prepared(tools: Sequence[dict], texts: Sequence[str]) -> dict[str, "str | ConstraintError"]:
+    """Each of `texts` (the parameter schemas of `tools`) prepared as `response_format` schemas are; those not
+    prepared before, all together in one child under the compile limits (llguidance/bounded.py): one request's tools
+    take at most `time_s`, however many there are."""
+    found: dict[str, str | ConstraintError | None] = {t: _PREPARED.get(t) for t in texts}
+    todo = [t for t, hit in found.items() if hit is None]
+    if todo:
+        names = ", ".join(repr(tool_name(tool)) for tool, text in zip(tools, texts) if text in todo)
+        what = f"preparing the parameters of tool{'s' if len(todo) > 1 else ''} {names[:300]}"
+        for text, result in zip(todo, run_bounded(lambda: [_prepare(t) for t in todo], what)):
+            found[text] = result
+            _PREPARED.put(text, result, 1024 + 2 * (len(text) + len(str(result))))
+    return found  # type: ignore[return-value]
+
+
+def _prepare(text: str) -> "str | ConstraintError":
     from specstruct.constraints.llguidance.json_schema import guaranteed_schema
 
-    return json.dumps(guaranteed_schema(params))
+    try:
+        return json.dumps(guaranteed_schema(text))
+    except ConstraintError as e:
+        return e
 
 
 def _has_ref(node: Any) -> bool:
@@ -106,8 +135,10 @@ def call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
     references re-pointed there: nested inside the call schema, `#/$defs/...` would point at the wrong root.
     """
     defs, variants = {}, []
-    for i, t in enumerate(tools):
-        arguments = _arguments_schema(t)
+    texts = [_parameters(t) for t in tools]
+    prepared = _prepared(tools, texts)
+    for i, (t, text) in enumerate(zip(tools, texts)):
+        arguments = _arguments_schema(t, prepared[text])
         if _has_ref(arguments):
             defs[f"tool{i}"] = _moved(arguments, f"tool{i}")
             arguments = {"$ref": f"#/$defs/tool{i}"}

@@ -38,3 +38,31 @@ def test_a_bad_grammar_or_schema_exits_3_before_any_model_loads(loads, tmp_path)
     assert CliRunner().invoke(cli.app, ["generate", "hi", "--grammar", str(grammar)]).exit_code == 3
     assert CliRunner().invoke(cli.app, ["extract", "--schema", str(schema), "--text", "-"], input="x").exit_code == 3
     assert loads == []
+
+
+def test_a_schema_whose_check_runs_past_the_time_limit_exits_3_at_it(loads, tmp_path, monkeypatch):
+    """The check before the model loads is a compile like any other: bounded by the compile limits, ended at
+    `time_s` with one line naming the limit."""
+    import time
+
+    from specstruct.constraints import limits as L
+    from specstruct.constraints.llguidance import json_schema
+
+    real = json_schema._grammar
+
+    def slow(*args, **kwargs):
+        time.sleep(30)
+        return real(*args, **kwargs)
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
+    monkeypatch.setattr(json_schema, "_grammar", slow)
+    monkeypatch.setattr(L, "_LIMITS", L.limits())
+    L.set_limits(time_s=1.0)
+    start = time.monotonic()
+    result = CliRunner().invoke(cli.app, ["extract", "--schema", str(schema), "--text", "-"], input="x")
+    assert time.monotonic() - start < 2.0
+    assert result.exit_code == 3, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "limit time_s=1.0" in lines[0], result.output
+    assert loads == []

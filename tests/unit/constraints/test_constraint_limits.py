@@ -324,3 +324,74 @@ def test_compiles_in_threads_never_fork_a_child_that_hangs(tok):
     for t in threads:
         t.join()
     assert failures == []
+
+
+def slow(real):
+    def run(*args, **kwargs):
+        time.sleep(30)
+        return real(*args, **kwargs)
+    return run
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_a_tool_call_compile_past_the_time_limit_ends_at_it(tok, monkeypatch):
+    """The tool-call grammar's parts (each tool's parameter schema, then the grammar) compile under the compile
+    limits, as every constraint: past `time_s` the compile ends with a ConstraintError naming the limit."""
+    from specstruct.constraints.llguidance import grammar, json_schema
+    from specstruct.constraints.tools.grammar import tool_grammar
+
+    L.set_limits(time_s=1.0)
+    tools = [{**t, "function": {**t["function"], "name": "slow_schema"}} for t in TOOLS]
+    monkeypatch.setattr(json_schema, "_grammar", slow(json_schema._grammar))
+    start = time.monotonic()
+    with pytest.raises(ConstraintError, match="too complex") as e:
+        tool_grammar(tools, "required", tok)
+    assert time.monotonic() - start < 2.0
+    assert "'slow_schema'" in str(e.value) and "limit time_s=1.0" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.undo()
+
+    lark = tool_grammar(TOOLS, "required", tok)  # its parameters prepared (unbounded by the patch below)
+    monkeypatch.setattr(grammar, "build_matcher", slow(grammar.build_matcher))
+    start = time.monotonic()
+    message = refused(tok, "grammar", lark, "time_s", within=2.0)
+    assert time.monotonic() - start > 0.9 and "tool-call grammar" in message
+    monkeypatch.undo()
+    call = '<tool_call>\n{"name": "f", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert make(tok, "grammar", lark).accepts(call)  # the next compile of it goes through
+    assert make(tok, "grammar", lark).accepts(call)  # (and the one after from the compiled template)
+
+
+def test_the_check_before_a_model_loads_is_bounded_too(monkeypatch):
+    """check_spec (the CLI's check of a schema before any model loads) runs llguidance's compile in a child too."""
+    from specstruct.constraints.compiler import check_spec
+    from specstruct.constraints.llguidance import json_schema
+
+    L.set_limits(time_s=1.0)
+    monkeypatch.setattr(json_schema, "_grammar", slow(json_schema._grammar))
+    start = time.monotonic()
+    with pytest.raises(ConstraintError, match="limit time_s=1.0"):
+        check_spec(ConstraintSpec("json", json.dumps({"type": "integer"}), "json"))
+    assert time.monotonic() - start < 2.0
+    monkeypatch.undo()
+    with pytest.raises(ConstraintError, match="'not'"):  # its errors are the same as in-process
+        check_spec(ConstraintSpec("json", json.dumps({"type": "string", "not": {"pattern": "^x"}}), "json"))
+    check_spec(ConstraintSpec("json", json.dumps({"type": "integer"}), "json"))
+
+
+def test_the_grammar_probe_keeps_digests_within_a_byte_budget():
+    """However many and however large the grammars, the probe's tables hold a bounded number of 32-byte digests."""
+    import sys
+
+    from specstruct.constraints.llguidance import grammar_probe
+
+    big = "x" * 100_000
+    for i in range(3000):
+        grammar_probe.trust(f"start: \"{i}\"\n# {big}")
+        grammar_probe._passed(grammar_probe.digest("key", f"{i}{big}"))
+    tables = (grammar_probe._PASSED, grammar_probe._REFUSED, grammar_probe._TRUSTED)
+    held = sum(sys.getsizeof(t) + sum(sys.getsizeof(k) for k in t) for t in tables)
+    assert held < 512 * 1024, held  # 2 x 1,024 digests and their dicts; the sources were 300 MB
+    assert len(grammar_probe._TRUSTED) <= 1024 and len(grammar_probe._PASSED) <= 1024
