@@ -199,6 +199,25 @@ def test_oversized_headers_get_431_unread(small_heads, headers):
     assert seconds < 5
 
 
+def test_a_client_that_sends_its_whole_head_before_reading_still_reads_its_431(small_heads):
+    """Most clients read only once the request is sent: the server drops the rest of an oversized head unread
+    (a lingering close) instead of resetting the connection, which would discard the 431 before it is read."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(small_heads)
+    for _ in range(3):
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            start = time.monotonic()
+            sock.sendall(head("X-Flood: " + "f" * 4_000_000))  # far past the socket buffers
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 431 "), reply[:300]
+        assert time.monotonic() - start < 5
+
+
 def test_one_oversized_header_gets_431(small_heads):
     """Under the total limit, one header past the per-header limit: a 431 naming it, before the API key."""
     reply, _ = raw(small_heads, head("X-Big: " + "c" * 3000))
