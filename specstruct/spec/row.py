@@ -232,6 +232,8 @@ class Row:
             drafter = self.speculator.proposers.free.get(name)
             if drafter is None or room <= 0 or (step.cands and step.cands[-1] in self.speculator.eos):
                 break
+            if drafter.traits.per_tenant and self.seeded:  # what it proposes depends on earlier requests, and a
+                continue  # seeded sample's accept draws on its candidates: the same seed must give the same output
             text = self._context_text(step.cands) if drafter.traits.reads_text else None
             args = (context + step.cands, step.fork, room, self.config.temperature, text, budget - len(step.cands))
             d = (cast(TenantDrafter, drafter).propose(*args, tenant=self.config.cache_salt)  # its tenant's index only

@@ -33,7 +33,7 @@ def _run(speculator, tok, **cfg):
 
     text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
     ids = tok.encode(text, add_special_tokens=False)
-    constraint = compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=speculator.target.vocab_size,
+    constraint = compile_constraint(ConstraintSpec("text", None), tok, vocab_size=speculator.target.vocab_size,
                                     eos_token_ids=sorted(speculator.eos))
     return run_alone(speculator.row(ids, constraint, SpecConfig(max_new_tokens=32, **cfg)))
 

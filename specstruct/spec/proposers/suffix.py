@@ -8,7 +8,8 @@ the current request; this proposer remembers the finished ones (`remember`, prom
 
 Tenants: each `cache_salt` (None is the tenant of every unsalted request, as in the prefix cache) has an index of its
 own; a request reads only its own tenant's index, so nothing one tenant wrote is ever proposed to another. A request
-with the proposer switched off (or speculation off) neither reads nor adds to it.
+with the proposer switched off (or speculation off) neither reads nor adds to it; a seeded sampled request does
+not read it (its candidates would depend on earlier requests, and so would its sample: a seed reproduces its output).
 
 Bounded memory: a tenant keeps at most TENANT_TOKENS tokens (its oldest requests are dropped first) and the index
 at most TOTAL_TOKENS over all tenants (the tenant used longest ago is dropped first). Per stored token it costs two

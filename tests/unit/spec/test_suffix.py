@@ -87,7 +87,7 @@ def test_memory_stays_bounded():
 
 @pytest.fixture()
 def text(tok, target):
-    return compile_constraint(ConstraintSpec("text", None, "text"), tok, vocab_size=target.config.vocab_size,
+    return compile_constraint(ConstraintSpec("text", None), tok, vocab_size=target.config.vocab_size,
                               eos_token_ids=[tok.eos_token_id])
 
 
