@@ -299,10 +299,15 @@ def test_a_tool_call_compile_past_the_time_limit_is_a_400_at_it(http, monkeypatc
         time.sleep(30)
         return real(*args, **kwargs)
 
-    tools = [tool(f"slow_{part}")]  # never prepared before in this process
+    import uuid
+
+    fresh = f"x_{uuid.uuid4().hex}"  # parameters never compiled before, in this process or the on-disk cache
+    tools = [{"type": "function", "function": {"name": f"slow_{part}", "description": "", "parameters": {
+        "type": "object", "properties": {fresh: {"type": "integer"}}}}}]
     if part == "grammar":
         assert chat(http, tools=tools, tool_choice="required").status_code == 200  # the parameters, prepared
-        tools = [tool("another_name")]  # the same parameters (prepared), another grammar (not compiled yet)
+        tools = [{**tools[0], "function": {**tools[0]["function"], "name": f"another_{fresh}"}}]  # the same
+        # parameters (prepared), another grammar (not compiled yet)
     monkeypatch.setattr(L, "_LIMITS", L.limits())
     L.set_limits(time_s=1.0)
     monkeypatch.setattr(module, name, slow)

@@ -48,7 +48,9 @@ def _engine(tok, target, draft, tmp_path, *, slack: int = 10, decoder=None, **me
     tokens = max(sum(n + budget.headroom for n in prompts) + slack,
                  max(n + m + budget.headroom for n, (_, _, m) in zip(prompts, JOBS)))
     memory = {"active_bytes": tokens * budget.per_token, "directory": str(tmp_path), **memory}
+    # no suffix index: run alone first, the jobs would copy their own earlier outputs and finish before they grow
     return ss.SpecStruct(target, tok, draft_model=draft, engine_config=EngineConfig(kv_memory=KVMemory(**memory)),
+                         config=SpecConfig(use_suffix_index=False),
                          batch_config={"timeout_ms": 300, "max_batch_size": len(JOBS)}, decoder=decoder)
 
 
