@@ -1,6 +1,6 @@
 """This CPU's int8 multiply-add peak on all threads, and the share of it the block-quantized Linear kernel reaches.
 
-    python -m benchmarks.int8_peak [--rows 1,9,64,256,1024] [--format Q4_K] [--repeats 5] [--seconds 0.5]
+    python -m benchmarks.int8_peak [--rows 1,9,64,256,1024] [--format Q4_K] [--repeats 5] [--seconds 0.5] [--amx-ab]
 
 The peak: every thread runs a register-resident loop of independent accumulator chains of one int8 dot-product
 instruction (benchmarks/csrc/int8_peak.cpp): `vpdpbusd` on zmm registers (AVX-512 VNNI, 64 u8 x s8 products per
@@ -12,7 +12,7 @@ The kernel: `QuantLinear` (specstruct/runtime/quantized.py) on random blocks of 
 shapes (k/v, q/o, gate/up, down), at each row count, median of `--repeats`; its rate is rows x outputs x inputs
 multiply-adds per second, and "one layer" weighs the shapes as a layer of the 1.5B uses them (q, k, v, o, gate, up,
 down). The kernel also de-quantizes and converts activations, so 100% is out of reach on the vector units; the share
-says how far off the integer units it runs. Where AMX is granted, 16 rows and more run on AMX tiles, whose own rate is
+says how far off the integer units it runs. Where AMX is granted, 64 rows and more run on AMX tiles, whose own rate is
 above this peak (the share is still against the vector units' peak). The machine is shared: run it twice, and read the spread.
 """
 
@@ -78,10 +78,10 @@ def peak(ext, isa: str, threads: int, seconds: float) -> tuple[float, float]:
 
 def random_layer(fmt: str, n: int, k: int, rng: np.random.Generator) -> quantized.QuantLinear:
     """A QuantLinear on random GGUF blocks of `fmt` with scales of a real model's size."""
-    _, _, per_block, block_bytes = quantized.DECODERS[fmt]
-    raw = rng.integers(0, 256, size=(n, k // per_block * block_bytes), dtype=np.uint8)
-    blocks = raw.reshape(-1, block_bytes)
-    for at in {"Q4_K": [0, 2], "Q6_K": [208]}.get(fmt, [0]):
+    block = quantized.DECODERS[fmt]
+    raw = rng.integers(0, 256, size=(n, k // block.weights * block.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, block.nbytes)
+    for at in block.halves:
         blocks[:, at : at + 2] = rng.uniform(-0.05, 0.05, len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return quantized.QuantLinear(quantized.from_gguf_blocks(fmt, raw, n, k))
 
@@ -98,6 +98,25 @@ def kernel_seconds(layer: quantized.QuantLinear, rows: int, repeats: int) -> flo
     return statistics.median(times)
 
 
+def amx_pair_seconds(layer: quantized.QuantLinear, rows: int, repeats: int) -> tuple[float, float]:
+    """(median seconds with AMX tiles, without), the two alternating call by call (the same noise on both)."""
+    x = torch.randn(rows, layer.in_features)
+    ext = quantized.kernel()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with torch.inference_mode():
+        try:
+            for i in range(2 * repeats + 2):
+                on = i % 2 == 0
+                ext.use_amx(on)
+                t0 = time.perf_counter()
+                layer(x)
+                if i >= 2:  # the first call of each: untimed
+                    times[on].append(time.perf_counter() - t0)
+        finally:
+            ext.use_amx(True)
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
@@ -105,6 +124,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per shape and row count (median)")
     ap.add_argument("--seconds", type=float, default=0.5, help="length of one peak run")
     ap.add_argument("--peak-only", action="store_true", help="measure the peak, not the kernel")
+    ap.add_argument("--amx-ab", action="store_true", help="where AMX is granted: also time each shape without the "
+                    "tiles (the vector path), the two alternating call by call, and print the ratio")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",") if r.strip()]
     threads = torch.get_num_threads()
@@ -127,21 +148,23 @@ def main() -> None:
     if args.peak_only:
         return
 
-    tiles = ", AMX tiles from 16 rows" if quantized.amx() else ""
+    tiles = ", AMX tiles from 64 rows" if quantized.amx() else ""
     print(f"\nblock-quantized kernel ({quantized.simd()}{tiles}), {args.format} random blocks, median of {args.repeats}:")
-    print("| shape (outputs x inputs) | rows | ms | G multiply-adds/s | share of peak |")
-    print("|---|---|---|---|---|")
+    ab = args.amx_ab and quantized.amx()
+    print("| shape (outputs x inputs) | rows | ms | G multiply-adds/s | share of peak |" + (" without AMX ms | x |" if ab else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if ab else ""))
     rng = np.random.default_rng(0)
     layers = {name: random_layer(args.format, n, k, rng) for name, (n, k) in SHAPES.items()}
     per_row = {}
     for m in rows:
         layer_macs = layer_s = 0.0
         for name, layer in layers.items():
-            s = kernel_seconds(layer, m, args.repeats if m < 256 else max(3, args.repeats // 2))
+            repeats = args.repeats if m < 256 else max(3, args.repeats // 2)
+            s, off = amx_pair_seconds(layer, m, repeats) if ab else (kernel_seconds(layer, m, repeats), 0.0)
             macs = m * layer.out_features * layer.in_features
             layer_macs, layer_s = layer_macs + PER_LAYER[name] * macs, layer_s + PER_LAYER[name] * s
             print(f"| {name} {layer.out_features} x {layer.in_features} | {m} | {s * 1e3:.2f} | {macs / s / 1e9:.1f} | "
-                  f"{macs / s / best:.1%} |")
+                  f"{macs / s / best:.1%} |" + (f" {off * 1e3:.2f} | {off / s:.2f} |" if ab else ""))
         per_row[m] = layer_macs / layer_s
     print(f"\none layer's linears (q, k, v, o, gate, up, down) against the {best_isa} peak of {best / 1e9:.1f} G/s:")
     print("| rows | G multiply-adds/s | share of peak |")

@@ -57,7 +57,7 @@ def simd() -> str:
 
 
 def amx() -> bool:
-    """Whether products of 16 rows and more run on AMX int8 tiles here: the CPU lists AMX-INT8 and the OS granted
+    """Whether products of 64 rows and more run on AMX int8 tiles here: the CPU lists AMX-INT8 and the OS granted
     this process the tile state (the same bits as the vector path either way)."""
     return bool(kernel().amx())
 

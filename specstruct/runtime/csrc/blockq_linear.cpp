@@ -389,9 +389,10 @@ static bool amx_granted() {  // AMX-TILE and AMX-INT8 listed, and the tile state
 }
 static std::atomic<bool> amx_wanted{true};  // tests and A/B probes turn it off (use_amx)
 constexpr int AMX_ROWS = 16;                // rows per tile: blocks of 16 rows, the last one padded with zero rows
-#ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 16  // fewer rows: the VNNI path (a padded tile and a panel unpacked to memory cost more there)
-#endif
+// Fewer rows: the VNNI path (a padded tile and a panel unpacked to memory cost more there). 64: where the tiles
+// started to win on the 2-core Xeon (`python -m benchmarks.int8_peak --amx-ab`: 0.55-0.80x at 16 rows, 0.77-0.98x
+// at 32, 0.90-0.99x at 48, 0.99-1.07x at 64, 1.06-1.21x at 256). Tests lower it (amx_min_rows) to reach the tiles.
+static std::atomic<int64_t> amx_min_rows{64};
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -811,7 +812,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
   const RowsFn fn = vector ? pick(f) : nullptr;
 #endif
 #ifdef SPECSTRUCT_AMX
-  const AmxPath amx = fn && M >= AMX_MIN_ROWS ? pick_amx(f) : AmxPath{nullptr, nullptr};
+  const AmxPath amx = fn && M >= amx_min_rows.load() ? pick_amx(f) : AmxPath{nullptr, nullptr};
   const bool tiles = amx.block != nullptr;
 #else
   const bool tiles = false;
@@ -954,6 +955,16 @@ bool use_amx(bool on) {
 #endif
 }
 
+// The fewest rows a product runs on the tiles with; returns the previous value (the bits are the same either way).
+int64_t set_amx_min_rows(int64_t rows) {
+#ifdef SPECSTRUCT_AMX
+  return amx_min_rows.exchange(std::max<int64_t>(rows, 1));
+#else
+  (void)rows;
+  return 0;
+#endif
+}
+
 bool amx_active() {
 #ifdef SPECSTRUCT_AMX
   return amx_wanted.load() && amx_granted();
@@ -973,6 +984,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_rows", &dequantize_rows, "the float32 values of some rows of a block-quantized weight",
         py::call_guard<py::gil_scoped_release>());
   m.def("use_amx", &use_amx, "turn the AMX path on or off (where granted); returns whether it was on");
+  m.def("amx_min_rows", &set_amx_min_rows, "set the fewest rows a product runs on AMX tiles with; returns the old");
   m.def("amx", &amx_active, "whether products of many rows run on AMX tiles here (the CPU has them, the OS grants them)");
   m.attr("panel_outputs") = NO;
   m.attr("simd") = SIMD;
