@@ -373,12 +373,12 @@ def test_the_check_before_a_model_loads_is_bounded_too(monkeypatch):
     monkeypatch.setattr(json_schema, "_grammar", slow(json_schema._grammar))
     start = time.monotonic()
     with pytest.raises(ConstraintError, match="limit time_s=1.0"):
-        check_spec(ConstraintSpec("json", json.dumps({"type": "integer"}), "json"))
+        check_spec(ConstraintSpec("json", json.dumps({"type": "integer"})))
     assert time.monotonic() - start < 2.0
     monkeypatch.undo()
     with pytest.raises(ConstraintError, match="'not'"):  # its errors are the same as in-process
-        check_spec(ConstraintSpec("json", json.dumps({"type": "string", "not": {"pattern": "^x"}}), "json"))
-    check_spec(ConstraintSpec("json", json.dumps({"type": "integer"}), "json"))
+        check_spec(ConstraintSpec("json", json.dumps({"type": "string", "not": {"pattern": "^x"}})))
+    check_spec(ConstraintSpec("json", json.dumps({"type": "integer"})))
 
 
 def test_the_grammar_probe_keeps_digests_within_a_byte_budget():

@@ -53,7 +53,7 @@ def test_speculative_output_with_a_restricted_draft_equals_target_only(tok, targ
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    spec = ConstraintSpec(kind, json.dumps(schema) if kind == "json" else None, kind)
+    spec = ConstraintSpec(kind, json.dumps(schema) if kind == "json" else None)
     eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=HeadRestricted(ModelRuntime(q8_draft), TOKENS))
     constraint = compile_constraint(spec, tok, vocab_size=eng.target.vocab_size, eos_token_ids=[tok.eos_token_id])
     only = dict(use_forced_text=False, use_prompt_lookup=False, use_suffix_index=False, use_structure_guesses=False)
