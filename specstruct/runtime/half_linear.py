@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specstruct.runtime import fixed_linear
+from specstruct.runtime.quantized import format_counts
 
 DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16}  # GGUF type name -> the panels' dtype
 _NAMES = {v: k for k, v in DTYPES.items()}
@@ -121,13 +122,7 @@ class HalfEmbedding(torch.nn.Module):
 
 def describe(model: torch.nn.Module) -> str | None:
     """"F16 x169 + BF16 x1" for a model with 16-bit layers, else None."""
-    counts: dict[str, int] = {}
-    for mod in model.modules():
-        if isinstance(mod, (HalfLinear, HalfEmbedding)):
-            counts[mod.hweight.name] = counts.get(mod.hweight.name, 0) + 1
-    if not counts:
-        return None
-    return " + ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return format_counts(m.hweight.name for m in model.modules() if isinstance(m, (HalfLinear, HalfEmbedding)))
 
 
 def is_half(model: torch.nn.Module) -> bool:

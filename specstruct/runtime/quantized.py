@@ -17,8 +17,10 @@ the rest of the model stays transformers' own. `quantize_float` makes the same l
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -292,14 +294,14 @@ class QuantEmbedding(torch.nn.Module):
 
 
 def describe(model: torch.nn.Module) -> str | None:
-    """"Q4_K 196 + Q6_K 29 + ..." for a model with quantized layers, else None."""
-    counts: dict[str, int] = {}
-    for mod in model.modules():
-        if isinstance(mod, (QuantLinear, QuantEmbedding)):
-            counts[mod.qweight.fmt.name] = counts.get(mod.qweight.fmt.name, 0) + 1
-    if not counts:
-        return None
-    return " + ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    """"Q4_K x196 + Q6_K x29 + ..." for a model with quantized layers, else None."""
+    return format_counts(m.qweight.fmt.name for m in model.modules() if isinstance(m, (QuantLinear, QuantEmbedding)))
+
+
+def format_counts(names: Iterable[str]) -> str | None:
+    """"Q4_K x196 + Q6_K x29": how many weights of each format, the most common first; None for none."""
+    counts = Counter(names)
+    return " + ".join(f"{k} x{v}" for k, v in counts.most_common()) if counts else None
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
