@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import pytest
 
@@ -344,7 +345,9 @@ def test_a_tool_call_compile_past_the_time_limit_ends_at_it(tok, monkeypatch):
     from specstruct.constraints.tools.grammar import tool_grammar
 
     L.set_limits(time_s=1.0)
-    tools = [{**t, "function": {**t["function"], "name": "slow_schema"}} for t in TOOLS]
+    # parameters no earlier test (nor run) prepared: prepared ones are cached by their text
+    fresh = {"type": "object", "properties": {f"city_{uuid.uuid4().hex}": {"type": "string"}}}
+    tools = [{**t, "function": {**t["function"], "name": "slow_schema", "parameters": fresh}} for t in TOOLS]
     monkeypatch.setattr(json_schema, "_grammar", slow(json_schema._grammar))
     start = time.monotonic()
     with pytest.raises(ConstraintError, match="too complex") as e:
@@ -353,13 +356,13 @@ def test_a_tool_call_compile_past_the_time_limit_ends_at_it(tok, monkeypatch):
     assert "'slow_schema'" in str(e.value) and "limit time_s=1.0" in str(e.value) and "\n" not in str(e.value)
     monkeypatch.undo()
 
-    lark = tool_grammar(TOOLS, "required", tok)  # its parameters prepared (unbounded by the patch below)
+    lark = tool_grammar(tools, "required", tok)  # its parameters prepared now (unbounded by the patch below)
     monkeypatch.setattr(grammar, "build_matcher", slow(grammar.build_matcher))
     start = time.monotonic()
     message = refused(tok, "grammar", lark, "time_s", within=2.0)
     assert time.monotonic() - start > 0.9 and "tool-call grammar" in message
     monkeypatch.undo()
-    call = '<tool_call>\n{"name": "f", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    call = '<tool_call>\n{"name": "slow_schema", "arguments": {"%s": "Oslo"}}\n</tool_call>' % next(iter(fresh["properties"]))
     assert make(tok, "grammar", lark).accepts(call)  # the next compile of it goes through
     assert make(tok, "grammar", lark).accepts(call)  # (and the one after from the compiled template)
 
