@@ -129,17 +129,18 @@ class Kernel:
         return self.module
 
     def _build(self) -> None:
+        target = self.march  # read before the try: a bad SPECSTRUCT_* value is the user's error, not a failed build
         try:
             from torch.utils import cpp_extension
 
-            native = self.march == "native"
-            tag = "".join(c if c.isalnum() else "_" for c in self.march)
+            native = target == "native"
+            tag = "".join(c if c.isalnum() else "_" for c in target)
             name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{tag}")
-            march, *extra = self.march.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
+            march, *extra = target.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
             flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS] + extra
             missing = [] if native else unsupported(flags)
             if missing:
-                raise RuntimeError(f"-march={self.march!r} (SPECSTRUCT_MARCH) uses {', '.join(missing)}, which this "
+                raise RuntimeError(f"-march={target!r} (SPECSTRUCT_MARCH) uses {', '.join(missing)}, which this "
                                    "CPU lacks: name an instruction set it runs (e.g. x86-64-v3), or unset it")
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
             self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,

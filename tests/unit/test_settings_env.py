@@ -199,3 +199,15 @@ def test_each_variable_reaches_what_it_sets(monkeypatch, tmp_path):
     got = limits._from_settings()
     assert (got.time_s, got.cache_mb, got.memory_mb) == (7.0, 12, limits.CompileLimits().memory_mb)
     assert "the environment variable SPECSTRUCT_CONSTRAINT_CACHE_MB" in got.describe("cache_mb")
+
+
+def test_the_command_line_turns_a_bad_value_into_a_usage_error(monkeypatch):
+    from typer.testing import CliRunner
+
+    from specstruct.cli import app
+
+    monkeypatch.setenv("SPECSTRUCT_LOG", "loud")
+    settings.cache_clear()
+    result = CliRunner().invoke(app, ["serve", "--model", "unused", "--no-draft"])
+    assert result.exit_code == 2, result.output
+    assert "SPECSTRUCT_LOG='loud' is not a log level; use one of" in result.output
