@@ -18,10 +18,10 @@ _WHERE = {
         "SpecStructError", "ConstraintError", "IncompleteOutputError", "ValidationRetryError", "ModelNotFoundError",
         "IncompatibleDraftError", "PromptTooLongError", "InvalidPromptError", "InvalidParameterError",
         "MissingExtraError", "OverloadedError", "RequestTimeoutError", "RequestCancelledError", "EngineClosedError",
-        "KVMemoryError")},
+        "KVMemoryError", "SettingsError")},
 }
 _SUBMODULES = {"api", "types", "engine", "spec", "runtime", "constraints", "models", "serving", "cli", "bench",
-               "config", "errors", "results", "extras", "testing"}
+               "config", "errors", "results", "extras", "settings", "testing"}
 __all__ = list(_WHERE)
 __version__ = "0.1.0"
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see ordinary imports
     from specstruct.errors import (ConstraintError, EngineClosedError, IncompatibleDraftError, IncompleteOutputError,
                                    InvalidParameterError, InvalidPromptError, MissingExtraError, ModelNotFoundError,
                                    PromptTooLongError, OverloadedError, RequestCancelledError, RequestTimeoutError,
-                                   SpecStructError,
+                                   SettingsError, SpecStructError,
                                    ValidationRetryError, KVMemoryError)
     from specstruct.models import pull
     from specstruct.types.output import Choice, Code, Grammar, Regex

@@ -35,6 +35,11 @@ class InvalidParameterError(SpecStructError, ValueError):
     """A decoding parameter (temperature, top_p, seed, max_new_tokens, ...) is out of range."""
 
 
+class SettingsError(SpecStructError, ValueError):
+    """A SPECSTRUCT_* environment variable holds a value specstruct cannot use; the message names the variable, the
+    value and what it accepts (specstruct.settings)."""
+
+
 class MissingExtraError(SpecStructError, ImportError):
     """An optional dependency is not installed; the message names the `pip install -e ".[extra]"` that adds it."""
 

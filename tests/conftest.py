@@ -20,6 +20,18 @@ os.environ.setdefault("SPECSTRUCT_CACHE", str(ROOT / ".pytest_cache" / "specstru
 os.environ["SPECSTRUCT_JSONSCHEMABENCH"] = str(ROOT / "tests" / "data" / "jsonschemabench")
 
 
+@pytest.fixture(autouse=True)
+def _settings_read_afresh():
+    """specstruct reads its SPECSTRUCT_* variables once per process (specstruct.settings): each test starts from the
+    environment as it is, and leaves nothing it monkeypatched behind (set up before, so torn down after, the test's
+    monkeypatch). A test that sets a variable calls `settings.cache_clear()` after."""
+    from specstruct import settings
+
+    settings.cache_clear()
+    yield
+    settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def tok():
     from specstruct.testing import tiny_tokenizer

@@ -52,12 +52,12 @@ def load_engine(model: str, draft: str | None, **kwargs: Any) -> Any:
 def llama_side(model: str, binary: str | None, gguf: str | None) -> Any:
     """The llama.cpp side on the GGUF the engine's weights come from: --llama-gguf, the model itself when it is a
     .gguf file, or the registry model's file as it ships (assembled from its parts, SHA-256 checked)."""
-    import os
     from pathlib import Path
 
     import torch
 
     from specstruct.bench.llama_cpp import LlamaCppSide, find_binary, registry_gguf
+    from specstruct.settings import settings
 
     try:
         found = find_binary(binary)
@@ -71,7 +71,7 @@ def llama_side(model: str, binary: str | None, gguf: str | None) -> Any:
         if model not in REGISTRY:
             raise typer.BadParameter(f"{model!r} is not a registry model: pass the GGUF file its weights come from",
                                      param_hint="--llama-gguf")
-        cache = Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "gguf"
+        cache = settings().cache / "gguf"
         gguf = str(registry_gguf(model, cache))
     if not Path(gguf).is_file():
         raise typer.BadParameter(f"no such file: {gguf}", param_hint="--llama-gguf")
@@ -113,9 +113,9 @@ def main(
                                             help=f"comma-separated subset of {','.join(ALL_BASELINES)} "
                                                  "('specstruct' = specstruct with speculation off; default: all but "
                                                  "llama.cpp)"),
-    llama_server: Optional[str] = typer.Option(None, "--llama-server", envvar="SPECSTRUCT_LLAMA_SERVER",
+    llama_server: Optional[str] = typer.Option(None, "--llama-server",
                                                help="--baselines ...,llama.cpp: the llama-server binary (default: "
-                                                    "llama-server on PATH)"),
+                                                    "env SPECSTRUCT_LLAMA_SERVER, else llama-server on PATH)"),
     llama_gguf: Optional[str] = typer.Option(None, "--llama-gguf", help="--baselines ...,llama.cpp: the GGUF file "
                                              "llama-server runs (default: the registry model's file as it ships, "
                                              "SHA-256 checked)"),

@@ -26,18 +26,18 @@ from typing import Any
 
 from specstruct.bench.measure import Measurement, Settings
 from specstruct.bench.workloads import Workload
+from specstruct.settings import settings
 from specstruct.types.output import Code
-
-ENV_BINARY = "SPECSTRUCT_LLAMA_SERVER"
 
 
 def find_binary(given: str | None) -> str:
     """The llama-server to run: `given`, else $SPECSTRUCT_LLAMA_SERVER, else `llama-server` on PATH."""
-    candidate = given or os.environ.get(ENV_BINARY) or shutil.which("llama-server")
+    candidate = given or settings().llama_server or shutil.which("llama-server")
     if not candidate or not (Path(candidate).is_file() and os.access(candidate, os.X_OK)):
         raise FileNotFoundError(
             f"llama-server not found ({candidate or 'not given, not on PATH'}): pass --llama-server PATH or set "
-            f"{ENV_BINARY}; docs/benchmarks.md shows how to build it from llama-cpp-python's source distribution")
+            "SPECSTRUCT_LLAMA_SERVER; docs/benchmarks.md shows how to build it from llama-cpp-python's source "
+            "distribution")
     return candidate
 
 

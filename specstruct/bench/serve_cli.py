@@ -72,7 +72,7 @@ def serve(
                                          "default: all at once, capped by the concurrency."),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     prompts: int = typer.Option(8, "--prompts", min=1, help="Distinct extraction prompts to cycle through."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECSTRUCT_API_KEY"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="The server's key (default: env SPECSTRUCT_API_KEY)."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Unmeasured requests first (compile the schemas)."),
     out: Optional[str] = typer.Option(None, "--out", help="Write every sample and the summaries as JSON."),
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG: throughput and latency."),
@@ -86,7 +86,9 @@ def serve(
     from rich.progress import Progress
 
     from specstruct.bench.serve_load import run_level
+    from specstruct.settings import settings
 
+    api_key = settings().api_key if api_key is None else api_key
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     jobs = extraction_jobs(model, max_tokens, prompts)
     results = []

@@ -67,7 +67,7 @@ def soak(
     server_pid: Optional[int] = typer.Option(None, "--server-pid", help="The server's pid (this machine), for RSS."),
     start: Optional[str] = typer.Option(None, "--start", help="Start this server command first and stop it after "
                                         "(its pid gives RSS), e.g. \"specstruct serve --port 8000\"."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECSTRUCT_API_KEY"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="The server's key (default: env SPECSTRUCT_API_KEY)."),
     out: Optional[str] = typer.Option(None, "--out", help="Write the report, with the timeline, as JSON."),
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG: RSS and /health latency over time."),
 ) -> None:
@@ -85,6 +85,9 @@ def soak(
 
     from specstruct.bench.serve_cli import extraction_jobs
     from specstruct.bench.soak import hostile_bodies, plot, soak as run, table, verdict
+    from specstruct.settings import settings
+
+    api_key = settings().api_key if api_key is None else api_key
 
     kinds = hostile_bodies(model)
     names = list(kinds) if hostile == "all" else [] if hostile == "none" else [n.strip() for n in hostile.split(",")]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specstruct.bench.extraction import PASSAGES, extraction_prompt
+from specstruct.settings import settings
 
 SCENARIOS = ("json", "code", "prose")  # what `--scenario all` runs
 DOCUMENT = "document"  # typed extraction from one- to two-page documents (documents.py); not part of all
@@ -62,9 +62,9 @@ class Workload:
 
 
 def _jsonschemabench_candidates() -> list[Path]:
-    env = os.environ.get("SPECSTRUCT_JSONSCHEMABENCH")
-    if env:
-        return [Path(env)]
+    given = settings().jsonschemabench
+    if given is not None:
+        return [given]
     return [Path(__file__).resolve().parents[2] / "tests" / "data" / "jsonschemabench"]
 
 

@@ -84,6 +84,7 @@ def check_models_here(*names: Optional[str]) -> None:
     machine lacks, so there nothing is checked."""
     import os
 
+    # RAY_ADDRESS is Ray's own variable (the cluster ray.init joins), not a specstruct setting: read as Ray reads it
     if os.environ.get("RAY_ADDRESS"):
         return
     from specstruct.models.loading import resolve

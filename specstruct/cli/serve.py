@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import typer
 
 from specstruct.cli.commands import _DRAFT, _MODEL, _NO_DRAFT, _engine
 from specstruct.cli.support import EXIT_OTHER, EXIT_USAGE, errors, fail
+from specstruct.settings import settings
 
 SERVE_HELP = """Serve a model over an OpenAI-compatible HTTP API (chat completions, completions, models, health,
 metrics): structured outputs and tool calls guaranteed by the grammar, sped up by speculation.
@@ -45,8 +45,8 @@ def serve(
     model: str = _MODEL, draft: Optional[str] = _DRAFT, no_draft: bool = _NO_DRAFT,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind; 0.0.0.0 exposes it to the network."),
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0: any free port)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECSTRUCT_API_KEY", show_envvar=True,
-                                          help="Require 'Authorization: Bearer KEY' on /v1 and /metrics."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1 and "
+                                          "/metrics (default: env SPECSTRUCT_API_KEY)."),
     max_batch_size: int = typer.Option(8, "--max-batch-size", min=1, help="Most requests decoded together."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="The model id clients send (default: --model)."),
@@ -84,6 +84,7 @@ def serve(
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", min=0, help="--ray: GPUs per replica."),
 ) -> None:
     with errors():
+        api_key = settings().api_key if api_key is None else api_key
         if default_max_tokens > max_tokens_cap:
             raise fail(f"--default-max-tokens {default_max_tokens} is over --max-tokens-cap {max_tokens_cap}; lower "
                        "it or raise the cap", EXIT_USAGE)
@@ -116,7 +117,7 @@ def serve(
         name = served_model_name or model
         limits = ServerLimits.from_options(**locals())
         app = create_app(engine, served_model_name=name, api_key=api_key, limits=limits)
-        config = uvicorn.Config(app, host=host, port=port, log_level=os.environ.get("SPECSTRUCT_LOG", "warning"),
+        config = uvicorn.Config(app, host=host, port=port, log_level=settings().log,
                                 timeout_graceful_shutdown=shutdown_timeout, access_log=False, **uvicorn_options(limits))
         try:
             _AnnouncingServer(config, name, bool(api_key)).run()

@@ -41,7 +41,7 @@ def exit_code(exc: BaseException) -> int:
         (e.ModelNotFoundError, EXIT_MODEL_MISSING),
         ((e.IncompleteOutputError, e.ValidationRetryError), EXIT_INCOMPLETE),
         ((e.IncompatibleDraftError, e.PromptTooLongError, e.KVMemoryError, e.InvalidParameterError,
-          e.InvalidPromptError), EXIT_USAGE),
+          e.InvalidPromptError, e.SettingsError), EXIT_USAGE),
     ]
     for kinds, code in table:
         if isinstance(exc, kinds):

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from specstruct.settings import settings
+
 log = logging.getLogger("specstruct.cache")
 
 MAGIC = b"SPECSTRUCT-CACHE"
@@ -28,7 +30,7 @@ T = TypeVar("T")
 
 def cache_dir() -> Path:
     """`$SPECSTRUCT_CACHE/constraints`, default `~/.cache/specstruct/constraints`."""
-    return Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "constraints"
+    return settings().cache / "constraints"
 
 
 def write_atomic(path: Path, data: bytes) -> None:

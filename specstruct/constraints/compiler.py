@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from importlib.metadata import version
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, get_args
 
 from specstruct.constraints.cache import ByteLRU, cache_dir, prune_disk, read_entry, seal, write_atomic
 from specstruct.constraints.llguidance import grammar_worker
@@ -38,6 +37,7 @@ from specstruct.constraints.llguidance.grammar import GrammarConstraint, _lltoke
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.outlines.regexes import choice_regex, json_regex
 from specstruct.constraints.outlines.token_table import TokenTable, token_table
+from specstruct.settings import JsonBackend, settings
 
 __all__ = ["compile_constraint", "check_spec", "AutomatonConstraint", "GrammarConstraint", "FreeTextConstraint",
            "json_regex", "choice_regex", "cache_dir"]
@@ -46,18 +46,15 @@ _FORMAT_VERSION = "4"  # 4: Index.from_binary bytes in a checked entry (never un
 OUTLINES_CORE_VERSION = version("outlines_core")  # an Index built by another release may not load or mean the same
 _VERBOSE = re.compile(r"\(\?[a-zA-Z]*x[a-zA-Z]*\)")  # a leading flag group that turns on verbose mode
 _NUL_ESCAPE = re.compile(r"\\(x00|x\{0+\}|0|u0000|U00000000)")
-JSON_BACKENDS = ("llguidance", "outlines")
+JSON_BACKENDS: tuple[str, ...] = get_args(JsonBackend)
 
 
 _PROGRAMS = ByteLRU(lambda: limits().cache_mb << 20)  # outlines_core programs, charged index + mask cache
 
 
 def default_json_backend() -> str:
-    """env SPECSTRUCT_JSON_BACKEND (llguidance or outlines), default llguidance (see docs/conformance.md)."""
-    backend = os.environ.get("SPECSTRUCT_JSON_BACKEND", "llguidance")
-    if backend not in JSON_BACKENDS:
-        raise ConstraintError(f"SPECSTRUCT_JSON_BACKEND={backend!r} is not a JSON backend; use one of {JSON_BACKENDS}.")
-    return backend
+    """Setting SPECSTRUCT_JSON_BACKEND (llguidance or outlines), default llguidance (see docs/conformance.md)."""
+    return settings().json_backend
 
 
 def prepare(tokenizer, vocab_size: int) -> None:

@@ -18,18 +18,23 @@ Every refusal is a ConstraintError that says which limit was hit and how to rais
 2-core, 24 GB machine safe; override them per process with `set_limits(...)` or the environment variables
 SPECSTRUCT_COMPILE_TIME_S, SPECSTRUCT_COMPILE_MEMORY_MB, SPECSTRUCT_CONSTRAINT_CACHE_MB,
 SPECSTRUCT_DISK_CACHE_MB, SPECSTRUCT_MAX_REPEAT, SPECSTRUCT_MAX_REGEX_SIZE, SPECSTRUCT_MAX_SCHEMA_DEPTH,
-SPECSTRUCT_MAX_SCHEMA_BYTES, SPECSTRUCT_LEXER_FUEL, SPECSTRUCT_MASK_TIME_S.
+SPECSTRUCT_MAX_SCHEMA_BYTES, SPECSTRUCT_LEXER_FUEL, SPECSTRUCT_MASK_TIME_S (specstruct.settings, read at the
+first `limits()`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from specstruct.errors import ConstraintError
+from specstruct.settings import VARIABLES, settings
+
+# CompileLimits field -> its Settings field (the environment variable SPECSTRUCT_<upper-cased Settings field>)
+_SETTING = {"time_s": "compile_time_s", "memory_mb": "compile_memory_mb", "cache_mb": "constraint_cache_mb"}
+_VARIABLE = {v.field: v.name for v in VARIABLES}
 
 
 @dataclass(frozen=True)
@@ -50,33 +55,32 @@ class CompileLimits:
     mask_time_s: float = 5.0
 
     def describe(self, name: str) -> str:
-        env = "SPECSTRUCT_" + {"time_s": "COMPILE_TIME_S", "memory_mb": "COMPILE_MEMORY_MB",
-                               "cache_mb": "CONSTRAINT_CACHE_MB", "disk_cache_mb": "DISK_CACHE_MB"}.get(
-                                   name, name.upper())
+        env = _VARIABLE[_SETTING.get(name, name)]
         return (f"limit {name}={getattr(self, name)} (raise it with "
                 f"specstruct.constraints.limits.set_limits({name}=...) or the environment variable {env})")
 
 
-def _from_env() -> CompileLimits:
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(CompileLimits):
-        env = CompileLimits().describe(f.name).split("environment variable ")[1].rstrip(")")
-        if os.environ.get(env):
-            values[f.name] = (float if f.type in ("float", float) else int)(float(os.environ[env]))
-    return CompileLimits(**values)
+def _from_settings() -> CompileLimits:
+    """The defaults, with the limits the environment sets."""
+    given = dataclasses.asdict(settings())
+    values = {f.name: given[_SETTING.get(f.name, f.name)] for f in dataclasses.fields(CompileLimits)}
+    return dataclasses.replace(CompileLimits(), **{name: v for name, v in values.items() if v is not None})
 
 
-_LIMITS = _from_env()
+_LIMITS: CompileLimits | None = None  # read from the settings at the first `limits()`, then set by `set_limits`
 
 
 def limits() -> CompileLimits:
+    global _LIMITS
+    if _LIMITS is None:
+        _LIMITS = _from_settings()
     return _LIMITS
 
 
 def set_limits(**changes: Any) -> CompileLimits:
     """Replace some limits for this process (e.g. `set_limits(time_s=5, memory_mb=1024)`); returns the new ones."""
     global _LIMITS
-    _LIMITS = dataclasses.replace(_LIMITS, **changes)
+    _LIMITS = dataclasses.replace(limits(), **changes)
     return _LIMITS
 
 

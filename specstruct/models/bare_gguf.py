@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from specstruct.models.gguf_header import identity, read_header
+from specstruct.settings import settings
 
 log = logging.getLogger(__name__)
 MARKER = ".specstruct-metadata"  # written last: its presence means the folder is complete
@@ -26,7 +27,7 @@ MARKER = ".specstruct-metadata"  # written last: its presence means the folder i
 
 def cache_root() -> Path:
     """`$SPECSTRUCT_CACHE/gguf-metadata`, default `~/.cache/specstruct/gguf-metadata`."""
-    return Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "gguf-metadata"
+    return settings().cache / "gguf-metadata"
 
 
 def metadata_folder(path: str | os.PathLike, progress: bool = False) -> Path:

@@ -16,12 +16,12 @@ temporary GGUF. Later loads take seconds instead of a minute.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from specstruct.errors import ModelNotFoundError
+from specstruct.settings import settings
 
 MARKER = ".specstruct-complete"
 GGUF_NAME = "model.gguf"  # the weights of a pulled model, as they ship
@@ -106,8 +106,7 @@ def _spec(name: str) -> ModelSpec:
 
 def home() -> Path:
     """Root of the converted-model cache: `$SPECSTRUCT_HOME` or `~/.cache/specstruct/models`."""
-    env = os.environ.get("SPECSTRUCT_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specstruct" / "models"
+    return settings().home
 
 
 def model_dir(name: str) -> Path:

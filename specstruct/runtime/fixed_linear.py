@@ -20,42 +20,33 @@ float32 kernel's on the widened weights, bit for bit, at half the bytes.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
-from typing import Iterator, Protocol, cast
+from typing import Iterator, Protocol, cast, get_args
 
 import torch
 
 from specstruct.runtime import native
 from specstruct.runtime.linear import PackedWeight, dense, onednn_linear_forward, pack_weights
 from specstruct.runtime.load_memory import empty_on_huge_pages
+from specstruct.settings import LinearKernel, overridden, settings
 
-KERNELS = ("fixed", "onednn")
+KERNELS: tuple[str, ...] = get_args(LinearKernel)
 _KERNEL = native.Kernel("specstruct_fixed_linear", Path(__file__).parent / "csrc" / "fixed_linear.cpp",
                         "the fixed-order Linear kernel", "using oneDNN's linear instead")
 _RUNNING: FixedLinearOps | None = None  # another build of the kernel, inside `running`
 
 
 def requested_kernel() -> str:
-    """env SPECSTRUCT_LINEAR: "fixed" (default) or "onednn"."""
-    name = os.environ.get("SPECSTRUCT_LINEAR", "fixed").strip().lower() or "fixed"
-    if name not in KERNELS:
-        raise ValueError(f"SPECSTRUCT_LINEAR={name!r} is not a linear kernel; use one of {KERNELS}")
-    return name
+    """Setting SPECSTRUCT_LINEAR: "fixed" (default) or "onednn"."""
+    return settings().linear
 
 
 @contextlib.contextmanager
 def using(name: str) -> Iterator[None]:
-    """SPECSTRUCT_LINEAR=name for the models packed inside the block (benchmarks comparing kernels), then as before."""
-    before = os.environ.get("SPECSTRUCT_LINEAR")
-    os.environ["SPECSTRUCT_LINEAR"] = name
-    try:
+    """Kernel `name` ("fixed" or "onednn") for the models packed inside the block (benchmarks comparing kernels),
+    whatever SPECSTRUCT_LINEAR says, then as before; the environment is left as it is."""
+    with overridden(linear=name):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("SPECSTRUCT_LINEAR", None)
-        else:
-            os.environ["SPECSTRUCT_LINEAR"] = before
 
 
 class FixedLinearOps(Protocol):

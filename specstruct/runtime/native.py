@@ -4,7 +4,7 @@ A kernel is compiled by torch.utils.cpp_extension (a C++ compiler and ninja) wit
 extension cache, under a name keyed by the CPU's flags, torch's version and the source, so another machine, torch or
 source builds its own. `SPECSTRUCT_MARCH` (e.g. "x86-64-v3": AVX2 without AVX-512; "x86-64-v3 -mavxvnni": with
 AVX-VNNI) builds every kernel for another instruction set instead: a fleet's common one, or what a smaller machine
-would run, measured here (read when specstruct's runtime is imported; one this CPU cannot run is refused by name).
+would run, measured here (read when a kernel is first built; one this CPU cannot run is refused by name).
 Where it cannot be built its caller computes the same thing with torch ops, and `error`
 says why (the numerics string names what runs).
 """
@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from specstruct.settings import settings
 
 log = logging.getLogger(__name__)
 CFLAGS, LDFLAGS = ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]  # how every kernel is built (bench/kernel_ab too)
@@ -50,6 +52,7 @@ def cpu_key(source: Path) -> str:
 @functools.lru_cache(maxsize=None)  # every kernel of a process is built with the same flags: asked once
 def _features(flags: tuple[str, ...]) -> frozenset[str]:
     """The instruction-set feature macros the compiler defines for `flags` (__AVX2__, not __znver5__)."""
+    # CXX is the build tools' variable, not a specstruct setting: read where torch's extension build reads it too
     out = subprocess.run([os.environ.get("CXX", "c++"), *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
                          capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
@@ -95,12 +98,17 @@ class Kernel:
 
     def __init__(self, stem: str, source: Path, what: str, fallback: str, march: str | None = None):
         self.stem, self.source, self.what, self.fallback = stem, source, what, fallback
-        # -march: this CPU's ("native"), or another instruction set (tests and probes compare the two)
-        self.march = march or os.environ.get("SPECSTRUCT_MARCH") or "native"
+        self._march = march
         self.module: object | None = None
         self.error: str | None = None
         self._lock = threading.Lock()
         self._variants: dict[str, Kernel] = {}  # march -> this source built for it (for_march)
+
+    @property
+    def march(self) -> str:
+        """-march: this CPU's ("native"), another instruction set given (tests and probes compare the two), or
+        setting SPECSTRUCT_MARCH's."""
+        return self._march or settings().march
 
     def for_march(self, march: str) -> Any:
         """This source built for another instruction set (`-march`, e.g. "x86-64-v3": AVX2 without AVX-512;
@@ -121,17 +129,18 @@ class Kernel:
         return self.module
 
     def _build(self) -> None:
+        target = self.march  # read before the try: a bad SPECSTRUCT_* value is the user's error, not a failed build
         try:
             from torch.utils import cpp_extension
 
-            native = self.march == "native"
-            tag = "".join(c if c.isalnum() else "_" for c in self.march)
+            native = target == "native"
+            tag = "".join(c if c.isalnum() else "_" for c in target)
             name = f"{self.stem}_{cpu_key(self.source)}" + ("" if native else f"_{tag}")
-            march, *extra = self.march.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
+            march, *extra = target.split()  # "x86-64-v3 -mavxvnni": a -march and more -m flags
             flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS] + extra
             missing = [] if native else unsupported(flags)
             if missing:
-                raise RuntimeError(f"-march={self.march!r} (SPECSTRUCT_MARCH) uses {', '.join(missing)}, which this "
+                raise RuntimeError(f"-march={target!r} (SPECSTRUCT_MARCH) uses {', '.join(missing)}, which this "
                                    "CPU lacks: name an instruction set it runs (e.g. x86-64-v3), or unset it")
             prepare_build(cpp_extension._get_build_directory(name, verbose=False), name, self.what)
             self.module = cpp_extension.load(name=name, sources=[str(self.source)], extra_cflags=flags,

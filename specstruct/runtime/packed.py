@@ -20,24 +20,24 @@ string names it), so a sequence's cache is never extended by the other.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Protocol, Sequence, cast, get_args
 
 import torch
 
 from specstruct.runtime import architectures, native, sparse_head
 from specstruct.runtime.kv.layers import KVLayers
 from specstruct.runtime.owned import marks, peek
+from specstruct.settings import Attention, settings
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
     from transformers.cache_utils import DynamicLayer
 
 ATTN_NAME = "specstruct_rowwise"
-ATTENTIONS = ("cpp", "torch")
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
 _KERNEL = native.Kernel("specstruct_row_attention", Path(__file__).parent / "csrc" / "row_attention.cpp",
                         "the row-wise attention kernel", "attention runs as torch ops, row by row")
 
@@ -190,9 +190,7 @@ _ATTEND = {"cpp": _attend_rows_cpp, "torch": _attend_rows_torch}
 def attention_kernel() -> str:
     """Which row-wise attention a model switched now gets: "cpp" where the kernel builds, unless
     SPECSTRUCT_ATTENTION=torch (benchmarks comparing the two)."""
-    name = os.environ.get("SPECSTRUCT_ATTENTION", "cpp").strip().lower() or "cpp"
-    if name not in ATTENTIONS:
-        raise ValueError(f"SPECSTRUCT_ATTENTION={name!r} is not a row-wise attention; use one of {ATTENTIONS}")
+    name = settings().attention
     return "cpp" if name == "cpp" and _KERNEL.load() is not None else "torch"
 
 

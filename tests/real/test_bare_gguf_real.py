@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel
 
 import specstruct as ss
-from specstruct import models
+from specstruct import models, settings
 from specstruct.models.registry import GGUF_NAME
 
 
@@ -30,11 +30,13 @@ def bare(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     before = os.environ.get("SPECSTRUCT_CACHE")
     os.environ["SPECSTRUCT_CACHE"] = str(cache)
+    settings.cache_clear()
     yield path
     if before is None:
         os.environ.pop("SPECSTRUCT_CACHE", None)
     else:
         os.environ["SPECSTRUCT_CACHE"] = before
+    settings.cache_clear()
 
 
 def test_the_bare_files_metadata_is_the_pulled_folders_and_is_read_from_the_cache_after(bare):

@@ -2,6 +2,8 @@
 
 import pytest
 
+from specstruct import settings
+
 
 @pytest.fixture()
 def engines():
@@ -16,6 +18,7 @@ def engines():
 def linear_kernel(request, monkeypatch):
     """Each row-invariant Linear kernel in turn (SPECSTRUCT_LINEAR): the fixed-order one, and oneDNN's."""
     monkeypatch.setenv("SPECSTRUCT_LINEAR", request.param)
+    settings.cache_clear()
     if request.param == "fixed":
         from specstruct.runtime import fixed_linear
 

@@ -70,5 +70,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # Rayon's variable (not a specstruct setting), read by outlines_core's thread pool when it starts
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     main()

@@ -28,6 +28,8 @@ _WORKER = Path(__file__).with_name("_index_worker.py")
 
 class _Worker:
     def __init__(self, memory_mb: int):
+        # the child's environment: this one passed on whole, plus glibc's and Rayon's variables (not specstruct
+        # settings) for the native code it runs
         env = {**os.environ, "MALLOC_ARENA_MAX": "2", "RAYON_NUM_THREADS": "1"}
         self.memory_mb, self.owner = memory_mb, os.getpid()
         self.proc = subprocess.Popen([sys.executable, str(_WORKER), str(memory_mb)], stdin=subprocess.PIPE,

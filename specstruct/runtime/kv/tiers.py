@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from specstruct.runtime.kv.layers import KVLayers, nbytes
+from specstruct.settings import settings
 
 
 @dataclass
@@ -78,7 +79,7 @@ def _digest(layers: KVLayers) -> str:
 
 def default_directory() -> Path:
     """`$SPECSTRUCT_CACHE/kv`, default `~/.cache/specstruct/kv`."""
-    return Path(os.environ.get("SPECSTRUCT_CACHE", Path.home() / ".cache" / "specstruct")) / "kv"
+    return settings().cache / "kv"
 
 
 class DiskTier:

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from specstruct import settings
 from specstruct.bench import ComparisonError, run_benchmark
 from specstruct.bench.external import stock_numerics
 from specstruct.bench.measure import Settings
@@ -76,6 +77,7 @@ def test_workloads_are_deterministic_and_validators_judge_real_instances():
 
 def test_missing_schema_folder_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECSTRUCT_JSONSCHEMABENCH", str(tmp_path / "nowhere"))
+    settings.cache_clear()
     with pytest.raises(FileNotFoundError, match="SPECSTRUCT_JSONSCHEMABENCH"):
         find_jsonschemabench()
 
@@ -86,6 +88,7 @@ def test_without_the_variable_the_schemas_are_the_subset_in_the_repository(monke
     from specstruct.bench import conformance
 
     monkeypatch.delenv("SPECSTRUCT_JSONSCHEMABENCH", raising=False)
+    settings.cache_clear()
     subset = Path(__file__).resolve().parents[3] / "tests" / "data" / "jsonschemabench"
     assert find_jsonschemabench() == subset
     assert len(conformance.corpus_files()) == len(list(subset.glob("*.json"))) == 208

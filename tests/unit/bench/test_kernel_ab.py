@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.kernel_ab import compare
+from specstruct import settings
 from specstruct.runtime import fixed_linear
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 
 def test_compare_times_both_sides_and_restores_the_kernel(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())
     ours = fixed_linear.built()
@@ -25,6 +27,7 @@ def test_another_panel_width_is_refused_and_the_kernel_kept(monkeypatch):
     import types
 
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())
     ours = fixed_linear.built()

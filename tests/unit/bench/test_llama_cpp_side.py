@@ -8,7 +8,8 @@ import pytest
 from pydantic import BaseModel
 
 import specstruct as ss
-from specstruct.bench.llama_cpp import ENV_BINARY, LlamaCppSide, find_binary
+from specstruct import settings
+from specstruct.bench.llama_cpp import LlamaCppSide, find_binary
 from specstruct.bench.measure import Settings
 from specstruct.bench.summary import summarize_scenario
 from specstruct.bench.workloads import Workload
@@ -20,8 +21,9 @@ class Person(BaseModel):
 
 
 def test_a_missing_llama_server_names_the_flag_the_variable_and_the_docs(monkeypatch, tmp_path):
-    monkeypatch.delenv(ENV_BINARY, raising=False)
+    monkeypatch.delenv("SPECSTRUCT_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
+    settings.cache_clear()
     with pytest.raises(FileNotFoundError, match=r"--llama-server PATH or set SPECSTRUCT_LLAMA_SERVER.*docs/benchmarks"):
         find_binary(None)
     with pytest.raises(FileNotFoundError, match="nowhere"):

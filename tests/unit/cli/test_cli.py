@@ -14,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from specstruct import settings
 from specstruct import models
 from specstruct.cli import commands as cli
 from specstruct.testing import tiny_model, tiny_tokenizer
@@ -50,6 +51,7 @@ def schema_file(tmp_path):
 def empty_home(tmp_path, monkeypatch):
     """No registry model is pulled in these tests, whatever the machine has."""
     monkeypatch.setenv("SPECSTRUCT_HOME", str(tmp_path / "home"))
+    settings.cache_clear()
 
 
 def invoke(*args: str, input: str | None = None):
@@ -263,6 +265,7 @@ def test_real_extract_with_the_default_pair(monkeypatch, schema_file, tmp_path):
         monkeypatch.setenv("SPECSTRUCT_HOME", _REAL_HOME)
     else:
         monkeypatch.delenv("SPECSTRUCT_HOME")
+    settings.cache_clear()
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     path = tmp_path / "person.json"

@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 
+from specstruct import settings
 from specstruct.constraints import compiler
 from specstruct.constraints.outlines import token_table as tt
 from specstruct.constraints.base import ConstraintSpec
@@ -32,6 +33,7 @@ class _Planted:
 def fresh(monkeypatch, tmp_path):
     """An empty cache folder, and no in-memory copies: every compile reads the disk."""
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path / "cache"))
+    settings.cache_clear()
     monkeypatch.setattr(compiler, "_PROGRAMS", compiler.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(tt, "_MEMO", tt.weakref.WeakKeyDictionary())
     _WARNED.clear()

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from specstruct import settings
 from specstruct.constraints import limits as L
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.constraints.compiler import compile_constraint
@@ -18,6 +19,7 @@ from specstruct.errors import ConstraintError
 @pytest.fixture(autouse=True)
 def small_limits(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    settings.cache_clear()
     saved = L.limits()
     L.set_limits(time_s=3.0, memory_mb=512)
     yield

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specstruct import settings as specstruct_settings
 from specstruct.constraints.compiler import choice_regex, compile_constraint, json_regex
 from specstruct.errors import ConstraintError
 from specstruct.constraints.base import ConstraintSpec
@@ -305,6 +306,7 @@ def test_disk_cache_roundtrip(tok, tmp_path, monkeypatch):
     import specstruct.constraints.outlines.token_table as T
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    specstruct_settings.cache_clear()
     monkeypatch.setattr(C, "_PROGRAMS", C.ByteLRU(lambda: 1 << 30))
     monkeypatch.setattr(T, "_MEMO", T.weakref.WeakKeyDictionary())
     schema = {"type": "object", "properties": {"zz": {"type": "boolean"}}, "required": ["zz"]}

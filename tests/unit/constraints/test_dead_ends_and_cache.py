@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import specstruct as ss
+from specstruct import settings
 from specstruct.constraints import compiler
 from specstruct.constraints.base import ConstraintSpec
 from specstruct.testing import run_alone, scripted_engine, tiny_tokenizer
@@ -47,6 +48,7 @@ def test_a_nul_in_a_regex_is_a_constraint_error(pattern):
 
 def test_the_disk_cache_is_keyed_by_the_outlines_core_version(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    settings.cache_clear()
     table = compiler.token_table(tiny_tokenizer())
     first = compiler.index_path("x[0-9]+", table)
     monkeypatch.setattr(compiler, "OUTLINES_CORE_VERSION", "0.0.0-other")
@@ -59,6 +61,7 @@ def test_the_disk_cache_holds_the_index_binary(monkeypatch, tmp_path):  # outlin
     from specstruct.constraints.cache import unseal
 
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path))
+    settings.cache_clear()
     table = compiler.token_table(tiny_tokenizer())
     spec = ConstraintSpec("regex", "y[a-c]{2}")
     built, _ = compiler._index("y[a-c]{2}", table, spec)

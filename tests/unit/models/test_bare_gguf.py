@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.errors import IncompatibleDraftError
 from specstruct.models import bare_gguf
 from specstruct.models.gguf_header import identity, read_header
@@ -69,6 +70,7 @@ def cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("SPECSTRUCT_CACHE", str(root))
     monkeypatch.setenv("SPECSTRUCT_HOME", str(tmp_path / "home"))  # no pulled registry model in sight
+    settings.cache_clear()
     return root
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from specstruct import settings
 from specstruct import models
 from specstruct.models import provisioning
 from specstruct.errors import IncompatibleDraftError, ModelNotFoundError
@@ -19,6 +20,7 @@ from specstruct.testing import tiny_model, tiny_tokenizer
 def home(tmp_path, monkeypatch):
     root = tmp_path / "home"
     monkeypatch.setenv("SPECSTRUCT_HOME", str(root))
+    settings.cache_clear()
     return root
 
 

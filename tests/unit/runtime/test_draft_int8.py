@@ -5,6 +5,7 @@ results to float32 precision, close to the float32 model, and what quantize_draf
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.draft_int8 import Int8Linear
 from specstruct.runtime.model_runtime import quantize_draft
@@ -16,6 +17,7 @@ from specstruct.runtime.owned import peek
 @pytest.fixture(autouse=True)
 def _built(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())
 

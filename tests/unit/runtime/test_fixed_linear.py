@@ -5,6 +5,7 @@ runtime says so and uses oneDNN."""
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.runtime import fixed_linear, native
 from specstruct.runtime.fixed_linear import PanelWeight, fixed_linear_forward
 from specstruct.testing import tiny_model
@@ -14,6 +15,7 @@ from specstruct.testing import OneSequence
 @pytest.fixture(autouse=True)
 def _built(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())
 
@@ -71,6 +73,7 @@ def test_the_runtime_names_the_kernel_and_falls_back_to_onednn_where_it_cannot_b
 
 def test_an_unknown_kernel_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "mkl")
+    settings.cache_clear()
     with pytest.raises(ValueError, match="SPECSTRUCT_LINEAR='mkl' is not a linear kernel; use one of"):
         fixed_linear.kernel()
 
@@ -137,10 +140,12 @@ def test_the_kernel_lets_other_python_threads_run():
 
 def test_using_sets_the_kernel_for_a_block_and_restores_what_was_there(monkeypatch):
     monkeypatch.delenv("SPECSTRUCT_LINEAR", raising=False)
+    settings.cache_clear()
     with fixed_linear.using("onednn"):
         assert fixed_linear.requested_kernel() == "onednn" and fixed_linear.kernel() is None
     assert "SPECSTRUCT_LINEAR" not in __import__("os").environ
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     with pytest.raises(RuntimeError), fixed_linear.using("onednn"):
         raise RuntimeError("a failed engine build")
     assert fixed_linear.requested_kernel() == "fixed"

@@ -6,6 +6,7 @@ file loads with its Linear and embedding weights kept 16-bit, close to the float
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight, describe
 from specstruct.testing import OneSequence, tiny_llama, tiny_model, write_gguf
@@ -17,6 +18,7 @@ SHAPES = [(72, 40), (100, 33), (5, 1), (64, 300), (129, 515)]  # (out, in): vect
 @pytest.fixture(autouse=True)
 def _built(monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "fixed")
+    settings.cache_clear()
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())
 

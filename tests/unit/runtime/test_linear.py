@@ -8,6 +8,7 @@ import io
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.bench.fairness import weights_fingerprint
 from specstruct.runtime import linear
 from specstruct.runtime.linear import PackedWeight, PackedWeightError, onednn_linear_forward, unpack_linears
@@ -86,6 +87,7 @@ def test_weights_tied_to_the_embeddings_stay_plain(tok, linear_kernel):
 
 def test_prepacking_that_fails_leaves_plain_weights(tok, monkeypatch):
     monkeypatch.setenv("SPECSTRUCT_LINEAR", "onednn")
+    settings.cache_clear()
     def refuse(weight):
         raise RuntimeError("no oneDNN reorder in this build")
 

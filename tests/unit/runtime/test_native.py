@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from specstruct import settings
 from specstruct.runtime import native
 
 
@@ -15,6 +16,7 @@ def test_an_instruction_set_this_cpu_lacks_is_refused_with_what_it_lacks(tmp_pat
     source = tmp_path / "probe.cpp"
     source.write_text("// never compiled\n")
     monkeypatch.setenv("SPECSTRUCT_MARCH", "sapphirerapids")
+    settings.cache_clear()
     kernel = native.Kernel("specstruct_probe", source, "a probe kernel", "nothing to fall back to")
     assert kernel.load() is None
     assert "-march='sapphirerapids'" in kernel.error and missing[0] in kernel.error

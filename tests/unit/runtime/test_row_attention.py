@@ -5,6 +5,7 @@ which attention runs and keeps it for the model's life."""
 import pytest
 import torch
 
+from specstruct import settings
 from specstruct.runtime import packed
 from specstruct.testing import tiny_model
 from specstruct.testing import OneSequence
@@ -100,6 +101,7 @@ def test_the_runtime_names_the_attention_and_keeps_it(tok, kernel, monkeypatch):
     cpp = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in C++" in cpp.numerics
     monkeypatch.setenv("SPECSTRUCT_ATTENTION", "torch")
+    settings.cache_clear()
     torch_ops = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in torch ops" in torch_ops.numerics
     torch.testing.assert_close(cpp.prefill(ids), torch_ops.prefill(ids), rtol=1e-4, atol=1e-4)
@@ -107,6 +109,7 @@ def test_the_runtime_names_the_attention_and_keeps_it(tok, kernel, monkeypatch):
     cpp.crop(len(ids))
     assert torch.equal(cpp.extend([10, 11]), again) and peek(cpp.model).attention == "cpp"
     monkeypatch.setenv("SPECSTRUCT_ATTENTION", "flash")
+    settings.cache_clear()
     with pytest.raises(ValueError, match="SPECSTRUCT_ATTENTION='flash' is not a row-wise attention; use one of"):
         packed.attention_kernel()
 
