@@ -54,10 +54,14 @@ def _engine(tok, target, draft, tmp_path, *, slack: int = 10, decoder=None, **me
                          batch_config={"timeout_ms": 300, "max_batch_size": len(JOBS)}, decoder=decoder)
 
 
-def _submit(e: ss.SpecStruct, job):
+def _prepared(e: ss.SpecStruct, job):
     prompt, output_type, max_new = job
     ids = e.prompt_ids(prompt, output_type, max_new_tokens=max_new)
-    return e.scheduler.submit(ids, e.constraint(output_type).fork(), e.config.merged(max_new_tokens=max_new))
+    return ids, e.constraint(output_type).fork(), e.config.merged(max_new_tokens=max_new)
+
+
+def _submit(e: ss.SpecStruct, job):
+    return e.scheduler.submit(*_prepared(e, job))
 
 
 def _alone(e: ss.SpecStruct) -> list[list[int]]:
@@ -66,7 +70,8 @@ def _alone(e: ss.SpecStruct) -> list[list[int]]:
 
 def _together(e: ss.SpecStruct) -> list[list[int]]:
     """All jobs at once; each one's streamed tokens must equal its final token ids (a pause is only a pause)."""
-    reqs = [_submit(e, job) for job in JOBS]
+    ready = [_prepared(e, job) for job in JOBS]  # then submitted back to back: all in one batch window, however busy
+    reqs = [e.scheduler.submit(*args) for args in ready]
     out = []
     for req in reqs:
         streamed = [t for chunk in req.tokens(_deadline()) for t in chunk]
