@@ -39,8 +39,9 @@ def _panels(mask: torch.Tensor) -> torch.Tensor:
 
 def _word_panels(words: torch.Tensor, panels: int) -> torch.Tensor:
     """bool [panels] of a bitmask (int32 words, 32 tokens each, bit t % 32 of word t // 32): a word's low half is
-    panel 2w, its high half panel 2w + 1 (the arithmetic shift keeps a set sign bit nonzero)."""
-    return torch.stack([(words & 0xFFFF).ne(0), (words >> 16).ne(0)], 1).flatten()[:panels]
+    panel 2w, its high half panel 2w + 1, so the words read as 16-bit halves (little-endian, as the words are
+    written) are the panels."""
+    return words.contiguous().view(torch.int16)[:panels].ne(0)
 
 
 def plan(masks: Sequence[torch.Tensor | None], vocab: int) -> tuple[list[int], torch.Tensor] | None:
