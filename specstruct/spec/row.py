@@ -141,8 +141,13 @@ class Row:
         c = self.constraint
         if not c.is_final():
             return False
-        m = c.mask()
-        return int(m.sum()) == sum(int(m[e]) for e in self.speculator.eos if e < m.shape[0])
+        words = torch.empty(bitmask_words(c.vocab_size), dtype=torch.int32)
+        c.fill_bitmask(words)
+        raw = words.view(torch.uint8)  # the words' little-endian bytes: token t is bit t % 8 of byte t // 8
+        for e in self.speculator.eos:  # what is left once the EOS bits are cleared
+            if 0 <= e < c.vocab_size:
+                raw[e // 8] &= 0xFF ^ (1 << (e % 8))
+        return not bool(words.any())
 
     def _limit_reached(self) -> str | None:
         """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
