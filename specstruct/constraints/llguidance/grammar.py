@@ -7,6 +7,7 @@ many real tokens to hand back to the matcher.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -128,14 +129,22 @@ class _WordRules:
     the vocabulary; `eos` sets the EOS ids (where the output is final). `raw` is llguidance's own word count (its
     tokenizer may count more tokens than the LM head)."""
 
-    def __init__(self, vocab_size: int, special: np.ndarray, eos: list[int], raw: int):
+    def __init__(self, vocab_size: int, special: tuple[int, ...], eos: tuple[int, ...], raw: int):
         cleared = np.zeros(bitmask_words(vocab_size) * 32, dtype=np.bool_)
         cleared[vocab_size:] = True
-        cleared[special] = True
-        cleared[eos] = True
+        cleared[list(special)] = True
+        cleared[list(eos)] = True
         self.keep = ~pack_mask(torch.from_numpy(cleared))
-        self.eos = pack_mask(torch.from_numpy(np.isin(np.arange(vocab_size), eos)))
+        allowed = np.zeros(vocab_size, dtype=np.bool_)
+        allowed[list(eos)] = True
+        self.eos = pack_mask(torch.from_numpy(allowed))
         self.raw = raw
+
+
+@functools.lru_cache(maxsize=64)
+def _word_rules(vocab_size: int, special: tuple[int, ...], eos: tuple[int, ...], raw: int) -> _WordRules:
+    """One set of rules per vocabulary, special ids and EOS ids: shared by every request's constraint."""
+    return _WordRules(vocab_size, special, eos, raw)
 
 
 class GrammarConstraint:
@@ -203,7 +212,7 @@ class GrammarConstraint:
             from specstruct.constraints.outlines.token_table import token_table
 
             raw = bitmask_words(max(self.vocab_size, token_table(self._tokenizer).n_real))  # as _lltokenizer counts
-            self._rules = _WordRules(self.vocab_size, self._special, self._eos, raw)
+            self._rules = _word_rules(self.vocab_size, tuple(int(i) for i in self._special), tuple(self._eos), raw)
         return self._rules
 
     def advance(self, tokens: Sequence[int]) -> int:
