@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -58,36 +58,34 @@ class _Program:
         return ids[(ids < self.table.n_real) & ~np.isin(ids, self.table.eos_like)]
 
     def mask(self, state: int) -> torch.Tensor:
-        with self._lock:
-            hit = self._masks.get(state)
-            if hit is not None:
-                self._masks.move_to_end(state)
-                return hit
+        return self._cached(self._masks, state, self._build_mask)
+
+    def words(self, state: int) -> torch.Tensor:
+        """The mask of `state` as bitmask words (packed once, kept in an LRU as the masks are)."""
+        return self._cached(self._words, state, lambda s: pack_mask(self.mask(s)))
+
+    def _build_mask(self, state: int) -> torch.Tensor:
         bits = np.zeros(self.vocab_size, dtype=np.bool_)  # numpy scatter: ~20x faster than torch's here
         if state != _DONE:
             bits[self.allowed(state)] = True
         if self.is_final(state):
             bits[self.eos_ids] = True
-        m = torch.from_numpy(bits)
-        with self._lock:
-            self._masks[state] = m
-            while len(self._masks) > self.max_masks:
-                self._masks.popitem(last=False)
-        return m
+        return torch.from_numpy(bits)
 
-    def words(self, state: int) -> torch.Tensor:
-        """The mask of `state` as bitmask words (packed once, kept in an LRU as the masks are)."""
+    def _cached(self, cache: "OrderedDict[int, torch.Tensor]", state: int,
+                build: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """`cache[state]`, built on a miss; the cache is an LRU of at most max_masks states."""
         with self._lock:
-            hit = self._words.get(state)
+            hit = cache.get(state)
             if hit is not None:
-                self._words.move_to_end(state)
+                cache.move_to_end(state)
                 return hit
-        w = pack_mask(self.mask(state))
+        made = build(state)
         with self._lock:
-            self._words[state] = w
-            while len(self._words) > self.max_masks:
-                self._words.popitem(last=False)
-        return w
+            cache[state] = made
+            while len(cache) > self.max_masks:
+                cache.popitem(last=False)
+        return made
 
     def step(self, state: int, token: int) -> int | None:
         if token in self.eos_ids:
