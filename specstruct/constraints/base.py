@@ -6,6 +6,7 @@ plugs in by returning an object with these methods from `compile_constraint`.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
@@ -45,12 +46,18 @@ class Constraint(Protocol):
 
     `mask()` returns a bool tensor [vocab_size] of tokens legal next (EOS included exactly where the
     output is complete). The tensor may be cached and shared: never modify it in place.
+    `fill_bitmask(out)` writes the same set as words (see `bitmask_words`) into `out`, an int32 tensor
+    [bitmask_words(vocab_size)]: the form the decoder reads (a backend without it is read through `mask()`).
     """
 
     mode: Mode
     vocab_size: int
 
     def mask(self) -> "torch.Tensor": ...
+
+    def fill_bitmask(self, out: "torch.Tensor") -> None:
+        """Write the tokens legal next as bitmask words into `out` (int32 [bitmask_words(vocab_size)])."""
+        ...
 
     def advance(self, tokens: Sequence[int]) -> int:
         """Consume tokens in order; stop at the first illegal one. Returns how many were consumed."""
@@ -75,6 +82,70 @@ class Constraint(Protocol):
     def accepts(self, text: str) -> bool:
         """Tokenize `text` as the engine would, walk it through the automaton, and report whether it is complete."""
         ...
+
+
+WORD_BITS = 32  # tokens per bitmask word
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Words of a bitmask over `vocab_size` tokens. The layout is llguidance's (and vLLM's, XGrammar's): int32 words,
+    token t is bit t % 32 of word t // 32 (bit 0 the lowest), bits past the vocabulary zero."""
+    return -(-vocab_size // WORD_BITS)
+
+
+def pack_mask(mask: "torch.Tensor", out: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """The bitmask words of a bool mask [V], written into `out` (int32 [bitmask_words(V)]) when given."""
+    import numpy as np
+    import torch
+
+    packed = np.packbits(mask.contiguous().numpy(), bitorder="little")  # little-endian bytes of the words
+    words = out if out is not None else torch.empty(bitmask_words(mask.numel()), dtype=torch.int32)
+    raw = words.view(torch.uint8).numpy()
+    raw[: len(packed)] = packed
+    raw[len(packed):] = 0
+    return words
+
+
+def unpack_words(words: "torch.Tensor", vocab_size: int) -> "torch.Tensor":
+    """The bool mask [vocab_size] of bitmask words [bitmask_words(vocab_size)] (a new tensor)."""
+    import numpy as np
+    import torch
+
+    raw = words.contiguous().view(torch.uint8).numpy()
+    return torch.from_numpy(np.unpackbits(raw, count=vocab_size, bitorder="little").view(np.bool_))
+
+
+def word_allows(words: "torch.Tensor", token: int) -> bool:
+    """Whether bitmask words [W] let `token` through (one word read)."""
+    return bool((int(words[token // WORD_BITS]) >> (token % WORD_BITS)) & 1)
+
+
+def write_bitmask(constraint: Constraint, out: "torch.Tensor") -> None:
+    """`constraint`'s legal set as bitmask words into `out`: its own `fill_bitmask`, or its `mask()` packed (a backend
+    written before the words)."""
+    try:
+        fill = constraint.fill_bitmask  # (an isinstance check of a runtime Protocol costs ~10 us: this runs per position)
+    except AttributeError:
+        pack_mask(constraint.mask(), out)
+        return
+    fill(out)
+
+
+def fill_bitmasks(constraint: Constraint, tokens: Sequence[int], out: "torch.Tensor") -> None:
+    """The bitmask of every position of a draft into one buffer `out` (int32 [len(tokens) + 1, W]): row 0 here, row
+    i + 1 after tokens[:i + 1]. Walks `constraint` itself and rolls it back (no copy of the state); a token it refuses
+    leaves the state where it was, so the next rows repeat the last one."""
+    write_bitmask(constraint, out[0])
+    moved = 0
+    try:
+        for i, t in enumerate(tokens):
+            moved += constraint.advance([t])
+            write_bitmask(constraint, out[i + 1])
+    except BaseException:
+        with contextlib.suppress(Exception):  # the state may be broken: the error that broke it is the one to see
+            constraint.rollback(moved)
+        raise
+    constraint.rollback(moved)
 
 
 def output_text(text: object) -> str:

@@ -220,7 +220,7 @@ class ModelRuntime:
     def forward(self, segments: Sequence[tuple[KVSequence, Sequence[int]]], keep: Sequence[int],
                 masks: Sequence[Sequence[torch.Tensor] | None] | None = None) -> list[torch.Tensor]:
         """One packed pass over every (sequence, new tokens); logits of each segment's last keep[i] tokens. With
-        `masks` (per segment, the bool mask of each kept position, or None) logits a mask excludes may be -inf."""
+        `masks` (per segment, the mask of each kept position -- bitmask words or bool, sparse_head.py -- or None) logits a mask excludes may be -inf."""
         if self.packed:
             return forward_packed(self.model, segments, keep, masks)
         return [self._forward_one(seq, ids, want) for (seq, ids), want in zip(segments, keep)]

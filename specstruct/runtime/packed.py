@@ -254,8 +254,8 @@ def forward_packed(model: torch.nn.Module, segments: Sequence[tuple[KVSequence, 
     """Run every (sequence, new tokens) segment in one pass; each sequence's cache grows by its tokens.
 
     `keep[i]` is how many of segment i's last positions need logits (0: none, e.g. a prefill chunk that is not
-    the last). Returns per segment logits [keep[i], vocab] (float32). `masks[i]`, when given, holds the bool mask
-    [vocab] of each of those positions: logits it excludes may be -inf (sparse_head.py)."""
+    the last). Returns per segment logits [keep[i], vocab] (float32). `masks[i]`, when given, holds the mask
+    (bitmask words or bool [vocab]) of each of those positions: logits it excludes may be -inf (sparse_head.py)."""
     device = next(model.parameters()).device
     ids: list[int] = []
     positions: list[int] = []

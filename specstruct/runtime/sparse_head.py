@@ -23,7 +23,7 @@ import torch
 from specstruct.runtime.quantized import PANEL, QuantLinear
 
 MAX_SHARE = 0.25  # a row reads only some panels when its tokens lie in at most this share of them (and so must the pass's)
-assert PANEL == 16  # _panels reads a panel's 16 mask bytes as two words
+assert PANEL == 16  # a panel is half a bitmask word; _panels reads a panel's 16 mask bytes as two words
 
 
 def _panels(mask: torch.Tensor) -> torch.Tensor:
@@ -37,17 +37,30 @@ def _panels(mask: torch.Tensor) -> torch.Tensor:
     return (words[:, 0] | words[:, 1]).ne(0)
 
 
+def _word_panels(words: torch.Tensor, panels: int) -> torch.Tensor:
+    """bool [panels] of a bitmask (int32 words, 32 tokens each, bit t % 32 of word t // 32): a word's low half is
+    panel 2w, its high half panel 2w + 1, so the words read as 16-bit halves (little-endian, as the words are
+    written) are the panels."""
+    return words.contiguous().view(torch.int16)[:panels].ne(0)
+
+
 def plan(masks: Sequence[torch.Tensor | None], vocab: int) -> tuple[list[int], torch.Tensor] | None:
     """(the rows that read only some panels, those panels' indices), or None when every row reads the whole head.
-    `masks` holds, per kept position, its bool mask [vocab] or None. A few word operations per mask: it runs on
-    every pass."""
-    limit = int(MAX_SHARE * -(-vocab // PANEL))
+    `masks` holds, per kept position, its mask or None: the constraint's bitmask words (int32 [ceil(vocab / 32)],
+    read as they are) or a bool mask [vocab]. A few word operations per mask: it runs on every pass."""
+    n_panels = -(-vocab // PANEL)
+    limit = int(MAX_SHARE * n_panels)
     rows: list[int] = []
     union: torch.Tensor | None = None
     for i, m in enumerate(masks):
-        if m is None or m.dtype != torch.bool or m.numel() != vocab:
-            continue  # no mask (prefill) or not one of this head's: the whole head
-        panels = _panels(m)
+        if m is None:
+            continue  # no mask (prefill): the whole head
+        if m.dtype == torch.int32 and m.numel() == -(-vocab // 32):
+            panels = _word_panels(m, n_panels)
+        elif m.dtype == torch.bool and m.numel() == vocab:
+            panels = _panels(m)
+        else:
+            continue  # not one of this head's masks: the whole head
         if int(panels.sum()) > limit:
             continue
         rows.append(i)

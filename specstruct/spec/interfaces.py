@@ -207,6 +207,6 @@ class Runtime(Protocol):
                 masks: "Sequence[Sequence[torch.Tensor] | None] | None" = None) -> "list[torch.Tensor]":
         """One pass appending each segment's tokens to its sequence (one this runtime made: ModelRuntime's are
         runtime.packed.KVSequence); logits [keep[i], vocab] of each segment's
-        last keep[i] tokens. `masks[i]`, when given, holds the constraint's bool mask of each of those positions:
+        last keep[i] tokens. `masks[i]`, when given, holds the constraint's bitmask words of each of those positions:
         logits a mask excludes need not be computed (they may be -inf)."""
         ...

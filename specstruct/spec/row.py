@@ -13,7 +13,7 @@ from typing import Any, Protocol, Sequence, cast
 import torch
 
 from specstruct.config import SpecConfig
-from specstruct.constraints.base import Constraint, Mode, finished
+from specstruct.constraints.base import Constraint, Mode, bitmask_words, fill_bitmasks, finished, write_bitmask
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from specstruct.spec.interfaces import Plan, Proposal, Proposer, Sequence_, TenantDrafter
@@ -63,6 +63,11 @@ class _Timed:
         m = self.inner.mask()
         self.stats.mask_time_s += time.perf_counter() - t0
         return m
+
+    def fill_bitmask(self, out: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        write_bitmask(self.inner, out)
+        self.stats.mask_time_s += time.perf_counter() - t0
 
     def fork(self) -> "_Timed":
         return _Timed(self.inner.fork(), self.stats)
@@ -136,8 +141,13 @@ class Row:
         c = self.constraint
         if not c.is_final():
             return False
-        m = c.mask()
-        return int(m.sum()) == sum(int(m[e]) for e in self.speculator.eos if e < m.shape[0])
+        words = torch.empty(bitmask_words(c.vocab_size), dtype=torch.int32)
+        c.fill_bitmask(words)
+        raw = words.view(torch.uint8)  # the words' little-endian bytes: token t is bit t % 8 of byte t // 8
+        for e in self.speculator.eos:  # what is left once the EOS bits are cleared
+            if 0 <= e < c.vocab_size:
+                raw[e // 8] &= 0xFF ^ (1 << (e % 8))
+        return not bool(words.any())
 
     def _limit_reached(self) -> str | None:
         """'stop' when a stop string appeared, 'length' when max_new_tokens is reached, else None."""
@@ -256,13 +266,13 @@ class Row:
             self._text.push(self.token_ids[done:])
         return self._text.peek(candidates)
 
-    def masks(self, step: "Step") -> list[torch.Tensor]:
-        fork = self.constraint.fork()
-        masks = [fork.mask()]
-        for t in step.cands:
-            fork.advance([t])
-            masks.append(fork.mask())
-        return masks
+    def masks(self, step: "Step") -> torch.Tensor:
+        """The bitmask words of every position the pass verifies, in one buffer (int32 [len(cands) + 1, W]): the
+        committed state's, then after each candidate. The row's own constraint walks the candidates and is rolled
+        back."""
+        out = torch.empty(len(step.cands) + 1, bitmask_words(self.constraint.vocab_size), dtype=torch.int32)
+        fill_bitmasks(self.constraint, step.cands, out)
+        return out
 
     def verify(self, step: Proposal, logits: torch.Tensor, masks: list[torch.Tensor]) -> list[int]:
         """Accept the longest agreed prefix of the candidates, then commit the target's next token."""

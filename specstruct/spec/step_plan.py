@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Verify:
     """A decoding row's segment: its last committed token and its candidates, verified under `masks` (the
-    constraint's bool mask of each position: the target needs only the logits they allow)."""
+    constraint's bitmask words of each position, rows of one buffer: the target needs only the logits they allow)."""
 
     row: "Row"
     kv: "Sequence_"

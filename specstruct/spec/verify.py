@@ -11,19 +11,32 @@ from typing import Sequence
 
 import torch
 
+from specstruct.constraints.base import unpack_words, word_allows
+
 NEG_INF = float("-inf")
+
+# A mask here is either bool [V] or the constraint's bitmask words (int32 [ceil(V / 32)], constraints.base): the
+# decoder passes words, read one word at a time where one token is asked about and unpacked where all are.
+
+
+def _bools(mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else unpack_words(mask, vocab)
+
+
+def _allows(mask: torch.Tensor, token: int) -> bool:
+    return bool(mask[token]) if mask.dtype == torch.bool else word_allows(mask, token)
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """logits [V] with illegal tokens at -inf. `mask` is bool [V]; it is never modified."""
-    return logits.masked_fill(~mask, NEG_INF)
+    """logits [V] with illegal tokens at -inf. `mask` is bool [V] or bitmask words; it is never modified."""
+    return logits.masked_fill(~_bools(mask, logits.shape[-1]), NEG_INF)
 
 
 def greedy_token(logits: torch.Tensor, mask: torch.Tensor) -> int:
     """The target's choice under the mask (ties go to the lowest id, as torch.argmax does). Where the unmasked
     argmax is allowed it is the answer (no lower id holds its value), and the mask need not be applied."""
     top = int(torch.argmax(logits))
-    if bool(mask[top]):
+    if _allows(mask, top):
         return top
     return int(torch.argmax(masked_logits(logits, mask)))
 
@@ -47,7 +60,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def verify_greedy(
     logits: torch.Tensor, masks: Sequence[torch.Tensor], candidates: Sequence[int]
 ) -> tuple[int, int]:
-    """logits [k+1, V], masks k+1 bool [V], k candidates -> (accepted count n, next token).
+    """logits [k+1, V], masks k+1 (bool [V] or bitmask words), k candidates -> (accepted count n, next token).
 
     Accepts the longest prefix on which the target's masked argmax equals the candidate; the next token is the
     target's own choice after it (the correction, or the bonus token when all k were accepted).

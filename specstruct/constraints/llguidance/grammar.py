@@ -7,13 +7,14 @@ many real tokens to hand back to the matcher.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
-from specstruct.constraints.base import output_text
+from specstruct.constraints.base import bitmask_words, output_text, pack_mask, unpack_words
 from specstruct.constraints.cache import ByteLRU
 from specstruct.constraints.limits import limits, llguidance_limit, llguidance_limits
 from specstruct.constraints.llguidance import grammar_worker
@@ -123,16 +124,41 @@ def check_lark(lark: str) -> None:
         raise panic("the grammar", error) or ConstraintError(f"invalid Lark grammar: {error.strip()}")
 
 
+class _WordRules:
+    """What a mask does to llguidance's words, as words: `keep` clears the special ids, the EOS ids and the bits past
+    the vocabulary; `eos` sets the EOS ids (where the output is final). `raw` is llguidance's own word count (its
+    tokenizer may count more tokens than the LM head)."""
+
+    def __init__(self, vocab_size: int, special: tuple[int, ...], eos: tuple[int, ...], raw: int):
+        cleared = np.zeros(bitmask_words(vocab_size) * 32, dtype=np.bool_)
+        cleared[vocab_size:] = True
+        cleared[list(special)] = True
+        cleared[list(eos)] = True
+        self.keep = ~pack_mask(torch.from_numpy(cleared))
+        allowed = np.zeros(vocab_size, dtype=np.bool_)
+        allowed[list(eos)] = True
+        self.eos = pack_mask(torch.from_numpy(allowed))
+        self.raw = raw
+
+
+@functools.lru_cache(maxsize=64)
+def _word_rules(vocab_size: int, special: tuple[int, ...], eos: tuple[int, ...], raw: int) -> _WordRules:
+    """One set of rules per vocabulary, special ids and EOS ids: shared by every request's constraint."""
+    return _WordRules(vocab_size, special, eos, raw)
+
+
 class GrammarConstraint:
     """A Lark grammar (llguidance syntax: `start: ...`, regex terminals `/.../`, %json {...})."""
 
     def __init__(self, matcher, tokenizer, vocab_size: int, eos_ids: Sequence[int], mode: str,
-                 stack: list[bool] | None = None, special: np.ndarray | None = None, keys: tuple[str, ...] = ()):
+                 stack: list[bool] | None = None, special: np.ndarray | None = None, keys: tuple[str, ...] = (),
+                 rules: _WordRules | None = None):
         self._m, self._tokenizer, self.vocab_size, self.mode = matcher, tokenizer, vocab_size, mode
         self.keys = keys  # a JSON schema's property names in the order it declares them (drafting guesses the next)
         self._eos = sorted({int(e) for e in eos_ids if 0 <= int(e) < vocab_size})
         self._stack = stack if stack is not None else []  # True: an EOS we accepted; False: a real token
         self._special = _special_ids(tokenizer, vocab_size) if special is None else special
+        self._rules = rules  # made at the first bitmask, shared by the forks
 
     @classmethod
     def compile(cls, lark: str, tokenizer, table, vocab_size: int, eos_ids: Sequence[int], mode: str):
@@ -149,21 +175,45 @@ class GrammarConstraint:
         return bool(self._stack) and self._stack[-1]
 
     def mask(self) -> torch.Tensor:
+        words = torch.empty(bitmask_words(self.vocab_size), dtype=torch.int32)
+        self.fill_bitmask(words)
+        return unpack_words(words, self.vocab_size)
+
+    def fill_bitmask(self, out: torch.Tensor) -> None:
+        """llguidance's words written straight into `out` (int32 [bitmask_words(vocab_size)]), then the special ids
+        cleared (llguidance may allow its own EOS: only ours, only when final) and our EOS ids set where final."""
         if not self._done() and self._m.is_error():  # stopped by a limit or a dead end: never a silent "stop"
             raise _limit_error(self._m.get_error())
+        rules = self._word_rules()
         if self._done() or self._m.is_stopped():
-            bits = np.zeros(self.vocab_size, dtype=np.bool_)
+            out.zero_()
         else:
-            packed = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+            self._fill_raw(out, rules.raw)
             if self._m.is_error():  # a parser limit hit mid-output: fail loudly, never unconstrained
                 raise _limit_error(self._m.get_error())
-            bits = np.unpackbits(packed, count=min(len(packed) * 8, self.vocab_size), bitorder="little")
-            if len(bits) < self.vocab_size:
-                bits = np.concatenate([bits, np.zeros(self.vocab_size - len(bits), dtype=np.uint8)])
-            bits = bits.view(np.bool_)
-            bits[self._special] = False  # llguidance may allow its own EOS: only ours, only when final
-        bits[self._eos] = self.is_final()
-        return torch.from_numpy(bits)
+            out &= rules.keep
+        if self.is_final():
+            out |= rules.eos
+
+    def _fill_raw(self, out: torch.Tensor, raw: int) -> None:
+        from llguidance import LLMatcher
+
+        if isinstance(self._m, LLMatcher) and raw == out.numel() and out.is_contiguous():
+            self._m.unsafe_compute_mask_ptr(out.data_ptr(), raw * 4)  # in place, the GIL released
+            return
+        packed = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)  # a matcher in its child: bytes
+        dest = out.view(torch.uint8).numpy()
+        n = min(len(packed), len(dest))
+        dest[:n] = packed[:n]
+        dest[n:] = 0
+
+    def _word_rules(self) -> _WordRules:
+        if self._rules is None:
+            from specstruct.constraints.outlines.token_table import token_table
+
+            raw = bitmask_words(max(self.vocab_size, token_table(self._tokenizer).n_real))  # as _lltokenizer counts
+            self._rules = _word_rules(self.vocab_size, tuple(int(i) for i in self._special), tuple(self._eos), raw)
+        return self._rules
 
     def advance(self, tokens: Sequence[int]) -> int:
         n = 0
@@ -202,7 +252,7 @@ class GrammarConstraint:
 
     def fork(self) -> "GrammarConstraint":
         return GrammarConstraint(self._m.deep_copy(), self._tokenizer, self.vocab_size, self._eos, self.mode,
-                                 list(self._stack), self._special, self.keys)
+                                 list(self._stack), self._special, self.keys, self._word_rules())
 
     def accepts(self, text: str) -> bool:
         ids = self._tokenizer.encode(output_text(text), add_special_tokens=False, split_special_tokens=True)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import codecs
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from specstruct.constraints.base import output_text
+from specstruct.constraints.base import output_text, pack_mask
 from specstruct.constraints.outlines.token_table import TERMINATOR_ID, TokenTable
 
 _DONE = -1  # state after EOS: only EOS stays legal
@@ -39,6 +39,7 @@ class _Program:
         self._ends = set(index.get_final_states())  # states after the NUL terminator
         self._final: dict[int, bool] = {}
         self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._words: OrderedDict[int, torch.Tensor] = OrderedDict()  # the same masks as bitmask words
         self._forced: dict[int, str] = {}
         self._lock = threading.Lock()
         self.max_masks = max(8, MASK_CACHE_BYTES // max(vocab_size, 1))
@@ -57,22 +58,34 @@ class _Program:
         return ids[(ids < self.table.n_real) & ~np.isin(ids, self.table.eos_like)]
 
     def mask(self, state: int) -> torch.Tensor:
-        with self._lock:
-            hit = self._masks.get(state)
-            if hit is not None:
-                self._masks.move_to_end(state)
-                return hit
+        return self._cached(self._masks, state, self._build_mask)
+
+    def words(self, state: int) -> torch.Tensor:
+        """The mask of `state` as bitmask words (packed once, kept in an LRU as the masks are)."""
+        return self._cached(self._words, state, lambda s: pack_mask(self.mask(s)))
+
+    def _build_mask(self, state: int) -> torch.Tensor:
         bits = np.zeros(self.vocab_size, dtype=np.bool_)  # numpy scatter: ~20x faster than torch's here
         if state != _DONE:
             bits[self.allowed(state)] = True
         if self.is_final(state):
             bits[self.eos_ids] = True
-        m = torch.from_numpy(bits)
+        return torch.from_numpy(bits)
+
+    def _cached(self, cache: "OrderedDict[int, torch.Tensor]", state: int,
+                build: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """`cache[state]`, built on a miss; the cache is an LRU of at most max_masks states."""
         with self._lock:
-            self._masks[state] = m
-            while len(self._masks) > self.max_masks:
-                self._masks.popitem(last=False)
-        return m
+            hit = cache.get(state)
+            if hit is not None:
+                cache.move_to_end(state)
+                return hit
+        made = build(state)
+        with self._lock:
+            cache[state] = made
+            while len(cache) > self.max_masks:
+                cache.popitem(last=False)
+        return made
 
     def step(self, state: int, token: int) -> int | None:
         if token in self.eos_ids:
@@ -135,6 +148,9 @@ class AutomatonConstraint(_Base):
     def mask(self) -> torch.Tensor:
         return self._p.mask(self._states[-1])
 
+    def fill_bitmask(self, out: torch.Tensor) -> None:
+        out.copy_(self._p.words(self._states[-1]))
+
     def advance(self, tokens: Sequence[int]) -> int:
         n = 0
         for t in tokens:
@@ -165,7 +181,8 @@ class FreeTextConstraint(_Base):
     """Any real token, EOS anywhere: code and free text."""
 
     def __init__(self, table: TokenTable, vocab_size: int, eos_ids: Sequence[int], mode: str, tokenizer,
-                 consumed: list[bool] | None = None, legal: torch.Tensor | None = None):
+                 consumed: list[bool] | None = None, legal: torch.Tensor | None = None,
+                 words: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         self.mode, self.vocab_size, self._tokenizer, self._table = mode, vocab_size, tokenizer, table
         self._eos = {int(e) for e in eos_ids if 0 <= int(e) < vocab_size}
         self._consumed = consumed if consumed is not None else []  # True where the token was an EOS
@@ -175,14 +192,20 @@ class FreeTextConstraint(_Base):
             legal[[i for i in table.special if i < vocab_size]] = False
             legal[sorted(self._eos)] = True
         self._legal = legal
-        self._eos_only = torch.zeros(vocab_size, dtype=torch.bool)
-        self._eos_only[sorted(self._eos)] = True
+        if words is None:  # (the EOS-only mask, and both masks as bitmask words: made once, shared by the forks)
+            eos_only = torch.zeros(vocab_size, dtype=torch.bool)
+            eos_only[sorted(self._eos)] = True
+            words = (eos_only, pack_mask(legal), pack_mask(eos_only))
+        self._eos_only, self._words = words[0], words[1:]
 
     def _done(self) -> bool:
         return bool(self._consumed) and self._consumed[-1]
 
     def mask(self) -> torch.Tensor:
         return self._eos_only if self._done() else self._legal
+
+    def fill_bitmask(self, out: torch.Tensor) -> None:
+        out.copy_(self._words[1] if self._done() else self._words[0])
 
     def advance(self, tokens: Sequence[int]) -> int:
         n = 0
@@ -208,4 +231,4 @@ class FreeTextConstraint(_Base):
 
     def fork(self) -> "FreeTextConstraint":
         return FreeTextConstraint(self._table, self.vocab_size, sorted(self._eos), self.mode, self._tokenizer,
-                                  list(self._consumed), self._legal)
+                                  list(self._consumed), self._legal, (self._eos_only, *self._words))
