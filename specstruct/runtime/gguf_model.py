@@ -227,12 +227,35 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
             _set(model, _name_of(model, head), HalfLinear(embedding.hweight))
         else:
             head.weight = embedding.weight
+    rope_freqs = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
+    if rope_freqs is not None:
+        _divide_frequencies(model, dequantize(rope_freqs.data, GGMLQuantizationType[rope_freqs.kind]).reshape(-1))
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ValueError(f"{path.name} has no tensor for {', '.join(missing[:5])}"
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     trim_heap()  # the decoders' chunks were freed in pieces glibc keeps: ~250 MiB for the 1.5B target
     return model.eval()
+
+
+def _divide_frequencies(model: torch.nn.Module, factors: np.ndarray) -> None:
+    """Llama 3's rotary scaling as its GGUF file ships it: llama.cpp's converter writes no rope-scaling keys, only
+    `rope_freqs.weight`, a divisor per rotary frequency (ggml_rope_ext's freq_factors). The rotary embedding's
+    frequencies are divided by them, as llama.cpp does, unless the config already scales them itself (a config.json
+    beside the file naming the "llama3" rope type)."""
+    from specstruct.runtime.architectures import rope_types
+
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    inv_freq = getattr(rotary, "inv_freq", None)
+    if rope_types(model.config) != {"default"}:
+        return
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (len(factors),):
+        raise ValueError(f"rope_freqs.weight has {len(factors)} factors, the rotary embedding "
+                         f"{None if inv_freq is None else tuple(inv_freq.shape)} frequencies")
+    divisors = torch.from_numpy(np.array(factors, dtype=np.float32))
+    rotary.inv_freq = inv_freq / divisors
+    if isinstance(getattr(rotary, "original_inv_freq", None), torch.Tensor):
+        rotary.original_inv_freq = rotary.original_inv_freq / divisors
 
 
 def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:

@@ -1,0 +1,111 @@
+"""What a GGUF file's metadata says about its model that transformers' GGUF config conversion leaves out.
+
+transformers reads a GGUF file's config through a per-architecture table of llama.cpp's keys (integrations/ggml.py)
+that misses some of them, and the config class's defaults then stand in: one checkpoint's values, wrong for
+another. Each entry below reads the key as llama.cpp's runtime does (src/models/<arch>.cpp) and sets the config field
+transformers' model computes with:
+
+- `attention.key_length` is the head dimension (Qwen3, Gemma: not hidden / heads; Qwen3's config defaults to 128)
+- Gemma 2's `attn_logit_softcapping` and `final_logit_softcapping`, Gemma 3's final one (absent: none)
+- Gemma's query scale: llama.cpp scales by 1/sqrt(head dimension), by 1/sqrt(hidden / heads) for the 27B models
+  (recognised by their layer count, as llama.cpp does); transformers' config defaults query_pre_attn_scalar to 256
+- the sliding window (`attention.sliding_window`) and which layers slide (`attention.sliding_window_pattern`, else
+  llama.cpp's fixed pattern: every 2nd layer of Gemma 2 is global, every 6th of Gemma 3); Phi-3's window
+- the rotary embedding: its linear scaling (`rope.scaling.type`, `rope.scaling.factor`; Gemma 3: global layers only,
+  the local ones at `rope.freq_base_swa`), Phi-3's rotary width (`rope.dimension_count`: partial_rotary_factor)
+
+Llama 3's rotary scaling ships as a tensor of per-frequency divisors (`rope_freqs.weight`), not as keys:
+runtime.gguf_model applies it to the rotary embedding's frequencies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specstruct.models.gguf_header import read_header
+
+_KEYS = ("attention.key_length", "attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window",
+         "attention.sliding_window_pattern", "rope.scaling.type", "rope.scaling.factor", "rope.freq_base",
+         "rope.freq_base_swa", "rope.dimension_count", "rope.scaling.original_context_length", "block_count",
+         "embedding_length", "attention.head_count")
+# llama.cpp's sliding-window pattern where a file states none (src/models/gemma2.cpp, gemma3.cpp), and the layer
+# count of the 27B model whose query scale is 1/sqrt(hidden / heads)
+_GEMMA = {"gemma2": (2, 46), "gemma3": (6, 62)}
+
+
+def hparams(path: str | Path) -> dict[str, Any]:
+    """The config fields GGUF file `path` states that transformers' conversion drops (an empty dict for an
+    architecture with none)."""
+    arch = read_header(path, ("general.architecture",)).values.get("general.architecture")
+    if arch not in ("qwen3", "gemma2", "gemma3", "phi3", "llama", "qwen2"):
+        return {}
+    values = read_header(path, tuple(f"{arch}.{k}" for k in _KEYS)).values
+    meta = {k: values[f"{arch}.{k}"] for k in _KEYS if f"{arch}.{k}" in values}
+    out: dict[str, Any] = {}
+    if "attention.key_length" in meta:
+        out["head_dim"] = int(meta["attention.key_length"])
+    if arch in _GEMMA:
+        out.update(_gemma(arch, meta))
+    elif arch == "phi3":
+        out.update(_phi3(meta))
+    else:
+        rope = _rope(meta)
+        if rope is not None:
+            out["rope_parameters"] = rope
+    return out
+
+
+def _rope(meta: dict[str, Any], default_theta: float = 10000.0) -> dict[str, Any] | None:
+    """The rotary parameters for linear scaling (None: none stated: the conversion's default rotary stands)."""
+    kind = meta.get("rope.scaling.type")
+    if kind != "linear" or not meta.get("rope.scaling.factor"):
+        return None
+    return {"rope_type": "linear", "factor": float(meta["rope.scaling.factor"]),
+            "rope_theta": float(meta.get("rope.freq_base", default_theta))}
+
+
+def _gemma(arch: str, meta: dict[str, Any]) -> dict[str, Any]:
+    pattern, layers_27b = _GEMMA[arch]
+    layers = int(meta["block_count"])
+    head_dim = int(meta.get("attention.key_length", 256))
+    hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
+    out: dict[str, Any] = {
+        "query_pre_attn_scalar": hidden // heads if layers == layers_27b else head_dim,
+        "final_logit_softcapping": float(meta["final_logit_softcapping"]) if meta.get("final_logit_softcapping")
+        else None,
+    }
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = float(meta.get("attn_logit_softcapping", 50.0))
+    window = int(meta.get("attention.sliding_window", 4096 if arch == "gemma2" else 0))
+    stated = meta.get("attention.sliding_window_pattern", pattern)
+    if isinstance(stated, list):  # a flag per layer: True slides
+        sliding = [bool(s) for s in stated]
+    else:  # every n-th layer is global (llama_hparams::set_swa_pattern)
+        sliding = [i % int(stated) < int(stated) - 1 for i in range(layers)]
+    if window <= 0:
+        sliding = [False] * layers
+    out["sliding_window"] = window or None
+    out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    if arch == "gemma3":
+        full = _rope(meta, 1_000_000.0) or {"rope_type": "default",
+                                             "rope_theta": float(meta.get("rope.freq_base", 1_000_000.0))}
+        local = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))}
+        out["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+    return out
+
+
+def _phi3(meta: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    window = int(meta.get("attention.sliding_window", 0))
+    out["sliding_window"] = window or None
+    hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
+    head_dim = hidden // heads
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
+    rotary = int(meta.get("rope.dimension_count", head_dim))
+    if rotary != head_dim:
+        rope["partial_rotary_factor"] = rotary / head_dim
+    out["rope_parameters"] = rope
+    if "rope.scaling.original_context_length" in meta:
+        out["original_max_position_embeddings"] = int(meta["rope.scaling.original_context_length"])
+    return out
