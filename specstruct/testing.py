@@ -193,7 +193,7 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     """`model`'s weights as a GGUF file (2-D weights in `quant`, the rest float32), named and laid out as
     llama.cpp's converter (convert_hf_to_gguf.py) writes them: Llama's and Mistral's q/k rows permuted (both are
     its "llama" architecture), Gemma's norm weights stored plus one, a tied LM head left out (the embedding),
-    Llama 3's rotary scaling as the `rope_freqs` factors.
+    Llama 3's rotary scaling as the `rope_freqs` factors, Phi-3's longrope as `rope_factors_long` / `_short`.
     `metadata(writer)`, where given, adds the file's key-values (specstruct.testing_gguf.write_bare_gguf).
     Returns the float32 model those blocks stand for: `model`'s weights replaced by their de-quantized values."""
     import copy
@@ -241,6 +241,10 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     factors = _llama3_rope_factors(cfg)
     if factors is not None:
         writer.add_tensor("rope_freqs.weight", factors)
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if cfg.model_type == "phi3" and params.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
+        writer.add_tensor("rope_factors_long.weight", np.array(params["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(params["short_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import torch
 
@@ -33,6 +34,10 @@ ARCHS: dict[str, tuple[str, dict]] = {
                                                         full_attention=dict(rope_type="linear", factor=2.0,
                                                                             rope_theta=1000000.0)))),
     "phi3": ("phi3", dict(sliding_window=5, partial_rotary_factor=0.5)),
+    # Phi-3.5 / Phi-4-mini's rotary: the long factors past 16 positions (each row by its own position)
+    "phi3-longrope": ("phi3", dict(original_max_position_embeddings=16, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=16,
+        short_factor=[1.0, 1.0, 1.125, 1.25, 1.5, 2.0, 3.0, 4.0], long_factor=[1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0]))),
 }
 
 
@@ -125,6 +130,10 @@ def _metadata(writer, cfg, tokenizer, name: str) -> None:
                                         // cfg.num_attention_heads)
         writer.add_rope_freq_base(full["rope_theta"])
         writer.add_sliding_window(cfg.sliding_window or 0)
+        if params.get("long_factor"):
+            scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(cfg.original_max_position_embeddings)) if scale > 1 else 1.0)
     else:
         if kind != "gemma2":  # TextModel's keys (Gemma2Model writes its own, without the rotary base)
             if full.get("rope_type") == "linear":

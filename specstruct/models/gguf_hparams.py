@@ -12,7 +12,8 @@ transformers' model computes with:
 - the sliding window (`attention.sliding_window`) and which layers slide (`attention.sliding_window_pattern`, else
   llama.cpp's fixed pattern: every 2nd layer of Gemma 2 is global, every 6th of Gemma 3); Phi-3's window
 - the rotary embedding: its linear scaling (`rope.scaling.type`, `rope.scaling.factor`; Gemma 3: global layers only,
-  the local ones at `rope.freq_base_swa`), Phi-3's rotary width (`rope.dimension_count`: partial_rotary_factor)
+  the local ones at `rope.freq_base_swa`), Phi-3's rotary width (`rope.dimension_count`: partial_rotary_factor) and
+  its longrope factors (the converter writes them as the tensors rope_factors_long / rope_factors_short)
 
 Llama 3's rotary scaling ships as a tensor of per-frequency divisors (`rope_freqs.weight`), not as keys:
 runtime.gguf_model applies it to the rotary embedding's frequencies.
@@ -40,15 +41,15 @@ def hparams(path: str | Path) -> dict[str, Any]:
     arch = read_header(path, ("general.architecture",)).values.get("general.architecture")
     if arch not in ("qwen3", "gemma2", "gemma3", "phi3", "llama", "qwen2"):
         return {}
-    values = read_header(path, tuple(f"{arch}.{k}" for k in _KEYS)).values
-    meta = {k: values[f"{arch}.{k}"] for k in _KEYS if f"{arch}.{k}" in values}
+    header = read_header(path, tuple(f"{arch}.{k}" for k in _KEYS))
+    meta = {k: header.values[f"{arch}.{k}"] for k in _KEYS if f"{arch}.{k}" in header.values}
     out: dict[str, Any] = {}
     if "attention.key_length" in meta:
         out["head_dim"] = int(meta["attention.key_length"])
     if arch in _GEMMA:
         out.update(_gemma(arch, meta))
     elif arch == "phi3":
-        out.update(_phi3(meta))
+        out.update(_phi3(meta, _factors(path, header)))
     else:
         rope = _rope(meta)
         if rope is not None:
@@ -95,17 +96,33 @@ def _gemma(arch: str, meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _phi3(meta: dict[str, Any]) -> dict[str, Any]:
+def _factors(path: str | Path, header: Any) -> dict[str, list[float]]:
+    """Phi-3's longrope factors, which the converter writes as the F32 tensors rope_factors_long / _short."""
+    import numpy as np
+
+    out = {}
+    for info in header.tensors:
+        kind = info.name.removeprefix("rope_factors_").removesuffix(".weight")
+        if info.name.startswith("rope_factors_") and kind in ("long", "short") and info.kind == 0:  # F32
+            data = np.fromfile(path, dtype=np.float32, count=int(np.prod(info.dims)),
+                               offset=header.data_start + info.offset)
+            out[f"{kind}_factor"] = [float(x) for x in data]
+    return out
+
+
+def _phi3(meta: dict[str, Any], factors: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     window = int(meta.get("attention.sliding_window", 0))
     out["sliding_window"] = window or None
     hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
     head_dim = hidden // heads
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
-    rotary = int(meta.get("rope.dimension_count", head_dim))
-    if rotary != head_dim:
-        rope["partial_rotary_factor"] = rotary / head_dim
-    out["rope_parameters"] = rope
+    rope["partial_rotary_factor"] = int(meta.get("rope.dimension_count", head_dim)) / head_dim
     if "rope.scaling.original_context_length" in meta:
         out["original_max_position_embeddings"] = int(meta["rope.scaling.original_context_length"])
+    if len(factors) == 2:  # longrope: the short factors up to the original context, the long ones past it
+        rope.update(rope_type="longrope", **factors)
+        # (its rope.scaling.attn_factor is the converter's sqrt(1 + ln(scale) / ln(original)): transformers' own)
+        rope["original_max_position_embeddings"] = out.get("original_max_position_embeddings")
+    out["rope_parameters"] = rope
     return out

@@ -71,6 +71,19 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
+def _reference(model, ids: list[int]) -> torch.Tensor:
+    """transformers' logits at every position [len(ids), vocab]. Longrope picks its factors by a pass's longest
+    position, so there each position is its own pass over the cache (the factors of a one-token step: the
+    runtime's, architectures.per_row_rotary); elsewhere one pass."""
+    from transformers import DynamicCache
+
+    if "longrope" not in str(getattr(model.config, "rope_parameters", "")):
+        return model(input_ids=torch.tensor([ids])).logits[0]
+    cache = DynamicCache()
+    return torch.cat([model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0]
+                      for t in ids])
+
+
 TRAITS = ("head_dim", "sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping",
           "query_pre_attn_scalar", "rope_parameters")
 
@@ -113,7 +126,7 @@ def test_the_engine_computes_what_transformers_does_on_the_fused_row_invariant_p
 
     prompts = [_ids(engine.tokenizer, text) for text in PROMPTS]
     with torch.inference_mode():  # the reference first: the check below stops transformers' layers running
-        wants = [want_model(input_ids=torch.tensor([ids])).logits[0] for ids in prompts]
+        wants = [_reference(want_model, ids) for ids in prompts]
 
     def stock(*args, **kwargs):
         raise AssertionError(f"transformers' {type(layers[0]).__name__} ran")
