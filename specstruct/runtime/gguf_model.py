@@ -227,9 +227,7 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
             _set(model, _name_of(model, head), HalfLinear(embedding.hweight))
         else:
             head.weight = embedding.weight
-    rope_freqs = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
-    if rope_freqs is not None:
-        _divide_frequencies(model, dequantize(rope_freqs.data, GGMLQuantizationType[rope_freqs.kind]).reshape(-1))
+    apply_rope_freqs(model, tensors)
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ValueError(f"{path.name} has no tensor for {', '.join(missing[:5])}"
@@ -238,13 +236,20 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
     return model.eval()
 
 
-def _divide_frequencies(model: torch.nn.Module, factors: np.ndarray) -> None:
+def apply_rope_freqs(model: torch.nn.Module, tensors: list[Tensor]) -> None:
     """Llama 3's rotary scaling as its GGUF file ships it: llama.cpp's converter writes no rope-scaling keys, only
     `rope_freqs.weight`, a divisor per rotary frequency (ggml_rope_ext's freq_factors). The rotary embedding's
     frequencies are divided by them, as llama.cpp does, unless the config already scales them itself (a config.json
-    beside the file naming the "llama3" rope type)."""
+    beside the file naming the "llama3" rope type). A file without the tensor: nothing to do."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
     from specstruct.runtime.architectures import rope_types
 
+    found = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
+    if found is None:
+        return
+    factors = dequantize(found.data, GGMLQuantizationType[found.kind]).reshape(-1)
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     inv_freq = getattr(rotary, "inv_freq", None)
     if rope_types(model.config) != {"default"}:
@@ -252,7 +257,7 @@ def _divide_frequencies(model: torch.nn.Module, factors: np.ndarray) -> None:
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (len(factors),):
         raise ValueError(f"rope_freqs.weight has {len(factors)} factors, the rotary embedding "
                          f"{None if inv_freq is None else tuple(inv_freq.shape)} frequencies")
-    divisors = torch.from_numpy(np.array(factors, dtype=np.float32))
+    divisors = torch.from_numpy(np.array(factors, dtype=np.float32)).to(inv_freq.device)
     rotary.inv_freq = inv_freq / divisors
     if isinstance(getattr(rotary, "original_inv_freq", None), torch.Tensor):
         rotary.original_inv_freq = rotary.original_inv_freq / divisors
@@ -310,6 +315,8 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
                                  + ". Fix: point at a .gguf file, or `specstruct pull --force NAME` for a registry "
                                    "model pulled before pulls kept the GGUF file")
     model, tokenizer = load(name_or_path, device=device, dtype=dtype)
+    if path is not None:  # transformers' GGUF loader reads no rope_freqs either
+        apply_rope_freqs(model, read_tensors(path))
     if weights == "q8_0":
         quantize_linears(model, "q8_0")
     return model, tokenizer

@@ -115,6 +115,16 @@ def test_the_file_loads_as_the_model_it_was_converted_from(case):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@torch.inference_mode()
+def test_the_file_widened_to_float32_is_the_same_model(case):
+    """weights="float32" (transformers' own GGUF loader, every weight de-quantized) on the same config: the same
+    model as the blocks kept."""
+    name, _, want_model, _, f16, _ = case
+    model, tokenizer = load_model(str(f16), weights="float32")
+    ids = torch.tensor([_ids(tokenizer, PROMPTS[0])])
+    torch.testing.assert_close(model(input_ids=ids).logits, want_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_the_engine_computes_what_transformers_does_on_the_fused_row_invariant_path(case, engine, monkeypatch):
     """Q8_0 blocks with int8 activations per group: logits at every prompt position within that rounding, the greedy
     next token the float model's wherever its choice is decisive, through transformers' own layers never."""
