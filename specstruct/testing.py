@@ -241,7 +241,7 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     factors = _llama3_rope_factors(cfg)
     if factors is not None:
         writer.add_tensor("rope_freqs.weight", factors)
-    params = getattr(cfg, "rope_parameters", None) or {}
+    params = cfg.to_dict().get("rope_parameters") or {}
     if cfg.model_type == "phi3" and params.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
         writer.add_tensor("rope_factors_long.weight", np.array(params["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(params["short_factor"], dtype=np.float32))
@@ -259,11 +259,11 @@ def _llama3_rope_factors(cfg):
 
     import numpy as np
 
-    params = getattr(cfg, "rope_parameters", None) or {}
+    params = cfg.to_dict().get("rope_parameters") or {}
     if cfg.model_type not in ("llama", "mistral") or str(params.get("rope_type", "")).lower() != "llama3":
         return None
     base = params.get("rope_theta", 10000.0)
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = cfg.to_dict().get("head_dim") or cfg.hidden_size // cfg.num_attention_heads
     freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     factor, low, high = params.get("factor", 8.0), params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
     old = params.get("original_max_position_embeddings", 8192)

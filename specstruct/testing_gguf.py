@@ -114,8 +114,8 @@ def _metadata(writer, cfg, tokenizer, name: str) -> None:
     """The key-values of llama.cpp's converter for `cfg`'s architecture (conversion/{llama,qwen,gemma,phi}.py)."""
     writer.add_name(name)
     kind = cfg.model_type
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    params = getattr(cfg, "rope_parameters", None) or {}
+    head_dim = cfg.to_dict().get("head_dim") or cfg.hidden_size // cfg.num_attention_heads
+    params = cfg.to_dict().get("rope_parameters") or {}
     full = params.get("full_attention", params)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)

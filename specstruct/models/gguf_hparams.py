@@ -22,9 +22,9 @@ runtime.gguf_model applies it to the rotary embedding's frequencies.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from specstruct.models.gguf_header import Header, read_header
 
-from specstruct.models.gguf_header import read_header
+Fields = dict[str, object]  # config fields (JSON values), and the file's metadata values by key
 
 _KEYS = ("attention.key_length", "attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window",
          "attention.sliding_window_pattern", "rope.scaling.type", "rope.scaling.factor", "rope.freq_base",
@@ -35,7 +35,7 @@ _KEYS = ("attention.key_length", "attn_logit_softcapping", "final_logit_softcapp
 _GEMMA = {"gemma2": (2, 46), "gemma3": (6, 62)}
 
 
-def hparams(path: str | Path) -> dict[str, Any]:
+def hparams(path: str | Path) -> Fields:
     """The config fields GGUF file `path` states that transformers' conversion drops (an empty dict for an
     architecture with none)."""
     arch = read_header(path, ("general.architecture",)).values.get("general.architecture")
@@ -43,7 +43,7 @@ def hparams(path: str | Path) -> dict[str, Any]:
         return {}
     header = read_header(path, tuple(f"{arch}.{k}" for k in _KEYS))
     meta = {k: header.values[f"{arch}.{k}"] for k in _KEYS if f"{arch}.{k}" in header.values}
-    out: dict[str, Any] = {}
+    out: Fields = {}
     if "attention.key_length" in meta:
         out["head_dim"] = int(meta["attention.key_length"])
     if arch in _GEMMA:
@@ -57,7 +57,7 @@ def hparams(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def _rope(meta: dict[str, Any], default_theta: float = 10000.0) -> dict[str, Any] | None:
+def _rope(meta: Fields, default_theta: float = 10000.0) -> Fields | None:
     """The rotary parameters for linear scaling (None: none stated: the conversion's default rotary stands)."""
     kind = meta.get("rope.scaling.type")
     if kind != "linear" or not meta.get("rope.scaling.factor"):
@@ -66,12 +66,12 @@ def _rope(meta: dict[str, Any], default_theta: float = 10000.0) -> dict[str, Any
             "rope_theta": float(meta.get("rope.freq_base", default_theta))}
 
 
-def _gemma(arch: str, meta: dict[str, Any]) -> dict[str, Any]:
+def _gemma(arch: str, meta: Fields) -> Fields:
     pattern, layers_27b = _GEMMA[arch]
     layers = int(meta["block_count"])
     head_dim = int(meta.get("attention.key_length", 256))
     hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
-    out: dict[str, Any] = {
+    out: Fields = {
         "query_pre_attn_scalar": hidden // heads if layers == layers_27b else head_dim,
         "final_logit_softcapping": float(meta["final_logit_softcapping"]) if meta.get("final_logit_softcapping")
         else None,
@@ -96,7 +96,7 @@ def _gemma(arch: str, meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _factors(path: str | Path, header: Any) -> dict[str, list[float]]:
+def _factors(path: str | Path, header: Header) -> dict[str, list[float]]:
     """Phi-3's longrope factors, which the converter writes as the F32 tensors rope_factors_long / _short."""
     import numpy as np
 
@@ -110,13 +110,13 @@ def _factors(path: str | Path, header: Any) -> dict[str, list[float]]:
     return out
 
 
-def _phi3(meta: dict[str, Any], factors: dict[str, list[float]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _phi3(meta: Fields, factors: dict[str, list[float]]) -> Fields:
+    out: Fields = {}
     window = int(meta.get("attention.sliding_window", 0))
     out["sliding_window"] = window or None
     hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
     head_dim = hidden // heads
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
+    rope: Fields = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
     rope["partial_rotary_factor"] = int(meta.get("rope.dimension_count", head_dim)) / head_dim
     if "rope.scaling.original_context_length" in meta:
         out["original_max_position_embeddings"] = int(meta["rope.scaling.original_context_length"])

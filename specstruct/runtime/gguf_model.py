@@ -250,17 +250,21 @@ def apply_rope_freqs(model: torch.nn.Module, tensors: list[Tensor]) -> None:
     if found is None:
         return
     factors = dequantize(found.data, GGMLQuantizationType[found.kind]).reshape(-1)
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    inv_freq = getattr(rotary, "inv_freq", None)
     if rope_types(model.config) != {"default"}:
         return
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (len(factors),):
+    try:
+        rotary = model.get_submodule("model.rotary_emb")
+    except AttributeError:
+        raise ValueError("the file has rope_freqs.weight, the model no rotary embedding at model.rotary_emb") from None
+    buffers = dict(rotary.named_buffers(recurse=False))  # inv_freq, and original_inv_freq (dynamic rope's start)
+    inv_freq = buffers.get("inv_freq")
+    if inv_freq is None or inv_freq.shape != (len(factors),):
         raise ValueError(f"rope_freqs.weight has {len(factors)} factors, the rotary embedding "
                          f"{None if inv_freq is None else tuple(inv_freq.shape)} frequencies")
     divisors = torch.from_numpy(np.array(factors, dtype=np.float32)).to(inv_freq.device)
-    rotary.inv_freq = inv_freq / divisors
-    if isinstance(getattr(rotary, "original_inv_freq", None), torch.Tensor):
-        rotary.original_inv_freq = rotary.original_inv_freq / divisors
+    for name in ("inv_freq", "original_inv_freq"):
+        if name in buffers:
+            setattr(rotary, name, buffers[name] / divisors)
 
 
 def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
