@@ -77,11 +77,12 @@ def _reference(model, ids: list[int]) -> torch.Tensor:
     runtime's, architectures.per_row_rotary); elsewhere one pass."""
     from transformers import DynamicCache
 
+    from specstruct.runtime.model_runtime import cache_kwarg
+
     if "longrope" not in str(getattr(model.config, "rope_parameters", "")):
         return model(input_ids=torch.tensor([ids])).logits[0]
-    cache = DynamicCache()
-    return torch.cat([model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0]
-                      for t in ids])
+    cache = {cache_kwarg(model): DynamicCache()}
+    return torch.cat([model(input_ids=torch.tensor([[t]]), use_cache=True, **cache).logits[0] for t in ids])
 
 
 TRAITS = ("head_dim", "sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping",
