@@ -185,23 +185,35 @@ def tiny_llama(tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2)
     return LlamaForCausalLM(config).eval()
 
 
-def write_gguf(model, path, quant: str = "Q8_0"):
+# transformers' model types that llama.cpp's converter writes under another architecture
+GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3"}
+
+
+def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     """`model`'s weights as a GGUF file (2-D weights in `quant`, the rest float32), named and laid out as
-    llama.cpp's converter writes them (llama q/k rows permuted). Returns the float32 model those blocks stand for:
-    `model`'s weights replaced by their de-quantized values."""
+    llama.cpp's converter (convert_hf_to_gguf.py) writes them: Llama's and Mistral's q/k rows permuted (both are
+    its "llama" architecture), Gemma's norm weights stored plus one, a tied LM head left out (the embedding),
+    Llama 3's rotary scaling as the `rope_freqs` factors, Phi-3's longrope as `rope_factors_long` / `_short`.
+    `metadata(writer)`, where given, adds the file's key-values (specstruct.testing_gguf.write_bare_gguf).
+    Returns the float32 model those blocks stand for: `model`'s weights replaced by their de-quantized values."""
     import copy
 
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFWriter, MODEL_ARCH_NAMES, get_tensor_name_map
     from gguf.quants import dequantize, quantize
 
-    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == model.config.model_type)
-    names = get_tensor_name_map(arch, model.config.num_hidden_layers)
-    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    cfg = model.config
+    arch_name = GGUF_ARCH.get(cfg.model_type, cfg.model_type)
+    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
+    names = get_tensor_name_map(arch, cfg.num_hidden_layers)
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    gemma = cfg.model_type.startswith("gemma")
     kind = getattr(GGMLQuantizationType, quant)
-    writer = GGUFWriter(str(path), model.config.model_type)
+    writer = GGUFWriter(str(path), arch_name)
+    if metadata is not None:
+        metadata(writer)
     stands_for = copy.deepcopy(model)
-    tied = getattr(model.config, "tie_word_embeddings", False)
+    tied = getattr(cfg, "tie_word_embeddings", False)
     for hf_name, tensor in model.state_dict().items():
         head = model.get_output_embeddings()
         if tied and head is not None and hf_name.startswith("lm_head") and \
@@ -210,7 +222,10 @@ def write_gguf(model, path, quant: str = "Q8_0"):
         base, suffix = hf_name.rsplit(".", 1)
         gguf_name = names.get_name(base) + "." + suffix
         w = tensor.detach().float().numpy()
-        permute = model.config.model_type == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
+        if gemma and hf_name.endswith("norm.weight"):  # Gemma's RMSNorm multiplies by (1 + weight)
+            w = w + np.float32(1.0)
+            stands_for.get_parameter(hf_name).data.copy_(torch.from_numpy(w - np.float32(1.0)))
+        permute = arch_name == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
         if permute:
             n = kv_heads if ".attn_k." in gguf_name else heads
             w = w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -223,11 +238,46 @@ def write_gguf(model, path, quant: str = "Q8_0"):
             stands_for.get_parameter(hf_name).data.copy_(torch.from_numpy(np.ascontiguousarray(back)))
         else:
             writer.add_tensor(gguf_name, w)
+    factors = _llama3_rope_factors(cfg)
+    if factors is not None:
+        writer.add_tensor("rope_freqs.weight", factors)
+    params = cfg.to_dict().get("rope_parameters") or {}
+    if cfg.model_type == "phi3" and params.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
+        writer.add_tensor("rope_factors_long.weight", np.array(params["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(params["short_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return stands_for
+
+
+def _llama3_rope_factors(cfg):
+    """The per-frequency divisors llama.cpp's converter writes as `rope_freqs.weight` for Llama 3's rotary
+    scaling (LlamaModel.generate_extra_tensors), or None for another rotary embedding."""
+    import math
+
+    import numpy as np
+
+    params = cfg.to_dict().get("rope_parameters") or {}
+    if cfg.model_type not in ("llama", "mistral") or str(params.get("rope_type", "")).lower() != "llama3":
+        return None
+    base = params.get("rope_theta", 10000.0)
+    dim = cfg.to_dict().get("head_dim") or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = params.get("factor", 8.0), params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+    old = params.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 class OneSequence:

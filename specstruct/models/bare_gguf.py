@@ -3,8 +3,9 @@ llama.cpp reads them.
 
 transformers converts GGUF metadata into a config and a fast tokenizer (`from_pretrained(folder, gguf_file=name)`),
 but building a 151k-token tokenizer that way takes 20-40 s. `metadata_folder(path)` does it once per file and keeps
-the result -- config.json, generation_config.json, tokenizer files and the chat template (the file's
-`tokenizer.chat_template`) -- under `$SPECSTRUCT_CACHE/gguf-metadata/<identity>/`, keyed by a digest of the file's
+the result -- config.json (completed with what transformers' conversion leaves out: gguf_hparams),
+generation_config.json, tokenizer files and the chat template (the file's `tokenizer.chat_template`) -- under
+`$SPECSTRUCT_CACHE/gguf-metadata/<identity>/`, keyed by a digest of the file's
 header (gguf_header.identity: metadata and tensor directory, and the size), so a second load, or a copy of the
 file elsewhere, reads it from there in about a second. The weights are never copied: they stay in the file.
 """
@@ -19,10 +20,12 @@ import time
 from pathlib import Path
 
 from specstruct.models.gguf_header import identity, read_header
+from specstruct.models.gguf_hparams import hparams
 from specstruct.settings import settings
 
 log = logging.getLogger(__name__)
 MARKER = ".specstruct-metadata"  # written last: its presence means the folder is complete
+VERSION = 2  # of the conversion: a folder an older one wrote is converted again
 
 
 def cache_root() -> Path:
@@ -34,7 +37,7 @@ def metadata_folder(path: str | os.PathLike, progress: bool = False) -> Path:
     """The folder holding GGUF file `path`'s config and tokenizer (converted from its metadata on first use)."""
     path = Path(path)
     folder = cache_root() / identity(path)
-    if (folder / MARKER).is_file():
+    if _current(folder):
         return folder
     header = read_header(path, ("general.architecture", "general.name"))
     arch = header.values.get("general.architecture")
@@ -53,12 +56,22 @@ def metadata_folder(path: str | os.PathLike, progress: bool = False) -> Path:
                              f"(architecture {arch!r}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                              "). Fix: point at a folder with the model's config.json and tokenizer files beside "
                              "the .gguf file") from e
-        info = {"gguf": str(path.resolve()), "size": header.size, "architecture": arch,
+        config = staging / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), **hparams(path)}, indent=2))
+        info = {"version": VERSION, "gguf": str(path.resolve()), "size": header.size, "architecture": arch,
                 "name": header.values.get("general.name"), "converted_s": round(time.perf_counter() - t0, 1)}
         (staging / MARKER).write_text(json.dumps(info, indent=2))
-        if not (folder / MARKER).is_file():  # another process may have finished the same file meanwhile
+        if not _current(folder):  # another process may have finished the same file meanwhile
             shutil.rmtree(folder, ignore_errors=True)
             os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _current(folder: Path) -> bool:
+    """A finished folder written by this version of the conversion."""
+    try:
+        return json.loads((folder / MARKER).read_text()).get("version") == VERSION
+    except (OSError, ValueError):
+        return False

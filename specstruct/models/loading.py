@@ -130,11 +130,17 @@ def _first_difference(a: dict[str, int], b: dict[str, int]) -> str | None:
     return None
 
 
+def _real_tokens(tokenizer) -> dict[str, int]:
+    """A tokenizer's vocabulary less the `[PAD<id>]` tokens llama.cpp's converter pads a GGUF file's token list
+    with, up to the model's rows (a bare file's tokenizer has them): padding rows, like the models' own."""
+    return {t: i for t, i in tokenizer.get_vocab().items() if t != f"[PAD{i}]"}
+
+
 def check_same_vocab(target_tokenizer, draft_tokenizer, target_model=None, draft_model=None) -> None:
     """Refuse a draft whose token ids mean something else than the target's: speculative verification
-    compares token ids, so the vocabularies (and the models' output sizes) must be identical."""
+    compares token ids, so the vocabularies (and the models' output sizes) must be identical, padding aside."""
     fix = "Fix: use a draft from the same model family (same tokenizer), e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b, or run without a draft"
-    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    tv, dv = _real_tokens(target_tokenizer), _real_tokens(draft_tokenizer)
     if len(tv) != len(dv):
         diff = _first_difference(tv, dv)
         raise IncompatibleDraftError(

@@ -227,12 +227,44 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
             _set(model, _name_of(model, head), HalfLinear(embedding.hweight))
         else:
             head.weight = embedding.weight
+    apply_rope_freqs(model, tensors)
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ValueError(f"{path.name} has no tensor for {', '.join(missing[:5])}"
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     trim_heap()  # the decoders' chunks were freed in pieces glibc keeps: ~250 MiB for the 1.5B target
     return model.eval()
+
+
+def apply_rope_freqs(model: torch.nn.Module, tensors: list[Tensor]) -> None:
+    """Llama 3's rotary scaling as its GGUF file ships it: llama.cpp's converter writes no rope-scaling keys, only
+    `rope_freqs.weight`, a divisor per rotary frequency (ggml_rope_ext's freq_factors). The rotary embedding's
+    frequencies are divided by them, as llama.cpp does, unless the config already scales them itself (a config.json
+    beside the file naming the "llama3" rope type). A file without the tensor: nothing to do."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specstruct.runtime.architectures import rope_types
+
+    found = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
+    if found is None:
+        return
+    factors = dequantize(found.data, GGMLQuantizationType[found.kind]).reshape(-1)
+    if rope_types(model.config) != {"default"}:
+        return
+    try:
+        rotary = model.get_submodule("model.rotary_emb")
+    except AttributeError:
+        raise ValueError("the file has rope_freqs.weight, the model no rotary embedding at model.rotary_emb") from None
+    buffers = dict(rotary.named_buffers(recurse=False))  # inv_freq, and original_inv_freq (dynamic rope's start)
+    inv_freq = buffers.get("inv_freq")
+    if inv_freq is None or inv_freq.shape != (len(factors),):
+        raise ValueError(f"rope_freqs.weight has {len(factors)} factors, the rotary embedding "
+                         f"{None if inv_freq is None else tuple(inv_freq.shape)} frequencies")
+    divisors = torch.from_numpy(np.array(factors, dtype=np.float32)).to(inv_freq.device)
+    for name in ("inv_freq", "original_inv_freq"):
+        if name in buffers:
+            setattr(rotary, name, buffers[name] / divisors)
 
 
 def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
@@ -287,6 +319,8 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
                                  + ". Fix: point at a .gguf file, or `specstruct pull --force NAME` for a registry "
                                    "model pulled before pulls kept the GGUF file")
     model, tokenizer = load(name_or_path, device=device, dtype=dtype)
+    if path is not None:  # transformers' GGUF loader reads no rope_freqs either
+        apply_rope_freqs(model, read_tensors(path))
     if weights == "q8_0":
         quantize_linears(model, "q8_0")
     return model, tokenizer

@@ -1,8 +1,8 @@
 """A bare GGUF file is enough (models/bare_gguf.py): config, tokenizer and chat template come from the file's own
 metadata, converted by transformers once per file and read from the cache after; the model loaded from the bare
 file computes what transformers' float model of the same weights does; the draft is chosen or refused by
-vocabulary. The files are written here with gguf's GGUFWriter: a tiny qwen2 / llama model over a small real BPE
-tokenizer, with the metadata llama.cpp's converter writes."""
+vocabulary. The files are written with gguf's GGUFWriter (specstruct.testing_gguf): a tiny qwen2 / llama model over
+a small real BPE tokenizer, with the metadata llama.cpp's converter writes."""
 
 from __future__ import annotations
 
@@ -16,53 +16,11 @@ from specstruct import settings
 from specstruct.errors import IncompatibleDraftError
 from specstruct.models import bare_gguf
 from specstruct.models.gguf_header import identity, read_header
-from specstruct.testing import tiny_llama, tiny_model, tiny_tokenizer, write_gguf
+from specstruct.testing import tiny_llama, tiny_model, tiny_tokenizer
+from specstruct.testing_gguf import write_bare_gguf
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
-
-
-def write_bare_gguf(model, tokenizer, path, kind: str = "Q8_0", name: str = "tiny"):
-    """`model` as a GGUF file carrying its own config, tokenizer and chat template (write_gguf's tensors plus the
-    metadata llama.cpp's converter writes). Returns the float32 model the file's weights stand for."""
-    from gguf import GGUFReader, GGUFWriter
-
-    cfg = model.config
-    bare = path.with_suffix(".tensors")
-    stands_for = write_gguf(model, bare, kind)
-    arch = cfg.model_type
-    writer = GGUFWriter(str(path), arch)
-    writer.add_name(name)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = set(tokenizer.all_special_tokens) | {"<|im_start|>", "<|im_end|>", "<|endoftext|>"}
-    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")  # as Qwen2.5's files: digits split one by one (texts below have no numbers)
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in special else 1 for t in tokens])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(tokenizer.chat_template)
-    for t in GGUFReader(str(bare)).tensors:
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    bare.unlink()
-    return stands_for
 
 
 @pytest.fixture
@@ -92,7 +50,8 @@ def test_a_bare_file_loads_with_its_own_config_tokenizer_and_template(bare_file,
     assert model.config.model_type == stands_for.config.model_type
     assert model.config.vocab_size == stands_for.config.vocab_size
     text = 'Extract: {"name": "Ada", "city": "London"} <|im_end|>'
-    assert tokenizer.get_vocab() == tok.get_vocab()
+    pads = {f"[PAD{i}]": i for i in range(len(tok), stands_for.config.vocab_size)}  # the converter's, to the rows
+    assert tokenizer.get_vocab() == {**tok.get_vocab(), **pads}
     assert tokenizer.encode(text) == tok.encode(text)
     messages = [{"role": "user", "content": "hi"}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
@@ -130,6 +89,17 @@ def test_the_metadata_is_converted_once_per_file_and_shared_by_its_copies(bare_f
     assert bare_gguf.metadata_folder(path) == folder == bare_gguf.metadata_folder(copy)
 
 
+def test_a_folder_an_older_conversion_wrote_is_converted_again(bare_file, cache):
+    """A cached config from before the conversion read what transformers leaves out (gguf_hparams) is redone."""
+    path, _ = bare_file
+    folder = bare_gguf.metadata_folder(path)
+    marker = folder / bare_gguf.MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "version": bare_gguf.VERSION - 1}))
+    (folder / "config.json").write_text("{}")
+    assert bare_gguf.metadata_folder(path) == folder
+    assert json.loads((folder / "config.json").read_text())["model_type"] in ("qwen2", "llama")
+
+
 def test_another_file_is_another_identity(tmp_path, tok):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     write_bare_gguf(tiny_model(tok, seed=1), tok, a, name="one")
@@ -160,6 +130,8 @@ def test_a_draft_is_another_bare_file_with_the_same_vocabulary_or_is_refused(bar
                                                                              monkeypatch):
     path, _ = bare_file
     draft = tmp_path / "draft.gguf"
+    # the same tokenizer; for the llama target padded to other rows (416 and 408, as Qwen2.5-7B's 152,064 and 0.5B's
+    # 151,936): the files' token lists differ in their [PAD<id>] tokens alone
     write_bare_gguf(tiny_model(tok, seed=5, hidden=32, layers=1), tok, draft)
     engine = _engine_draft(path, str(draft), monkeypatch, cache)
     assert engine.draft_model is not None
@@ -184,7 +156,7 @@ def test_auto_picks_a_pulled_registry_draft_by_vocabulary_or_none(bare_file, cac
     folder.mkdir(parents=True)
     (folder / registry.MARKER).write_text("{}")
     target.config.to_json_file(folder / "config.json")
-    tok.save_pretrained(folder)
+    target_tok.save_pretrained(folder)  # as pulled: converted from its own file, [PAD] tokens and all
     small = registry.REGISTRY["qwen2.5-coder-0.5b"]
     weights = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
     monkeypatch.setitem(registry.REGISTRY, small.name, registry.ModelSpec(**{**small.__dict__,
