@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 ATTN_NAME = "specstruct_rowwise"
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
+# Query rows the C++ attention computes together where a pass has many (a prompt chunk): each key and value loaded
+# serves them all, the bits of every row the same as row at a time (1). Probes set it to compare the two.
+TILE_ROWS = 8
 _KERNEL = native.Kernel("specstruct_row_attention", Path(__file__).parent / "csrc" / "row_attention.cpp",
                         "the row-wise attention kernel", "attention runs as torch ops, row by row")
 
@@ -57,7 +60,7 @@ class _AttentionOps(Protocol):
     """What csrc/row_attention.cpp's extension provides."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int,
-               softcap: float) -> torch.Tensor: ...
+               softcap: float, tile_rows: int) -> torch.Tensor: ...
 
 
 class KVSequence:
@@ -180,7 +183,7 @@ def _attend_rows_cpp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling:
                      softcap: float = 0.0) -> torch.Tensor:
     """_attend_rows_torch's computation in one C++ call (float32 CPU tensors; else the torch ops)."""
     if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu":
-        return cast(_AttentionOps, _KERNEL.module).attend(q, k, v, scaling, window, softcap)
+        return cast(_AttentionOps, _KERNEL.module).attend(q, k, v, scaling, window, softcap, TILE_ROWS)
     return _attend_rows_torch(q, k, v, scaling, window, softcap)
 
 

@@ -17,13 +17,16 @@
 // scaled) by cap * tanh(s / cap) before the softmax, tanh a Cephes-style polynomial too: both depend on the row's
 // own position and scores alone, so rows stay invariant. For speed, keys are scored
 // eight at a time (independent chains, their sums reduced together by the same tree: the same bits) and each value
-// row is read once for all the query heads of its KV head, not once per head.
+// row is read once for all the query heads of its KV head, not once per head. A pass of many rows (a prompt chunk)
+// runs in tiles of consecutive rows of one KV head (tile_rows): each key and value loaded serves every row of the
+// tile, and each row's sums keep the order above, so the bits are those of the row computed alone.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "fast_math.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,6 +61,24 @@ static inline float exp_shifted(float* __restrict x, int64_t n, float m) {
   float s = hsum(acc);
   for (; i < n; ++i) s += x[i];
   return s;
+}
+
+// The largest of x[0..n), n >= 1: 16 lanes, then the lanes and the tail. A maximum is exact, so this is
+// std::max_element's value in any order, but without its chain of dependent compares (4 cycles a score, a third of a
+// prefill's attention); at most the sign of a zero differs, and exp_shifted's results do not depend on it.
+static inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = x[0];
+  if (n >= W) {
+    v16 acc = load(x);
+    for (i = W; i + W <= n; i += W) {
+      const v16 a = load(x + i);
+      acc = a > acc ? a : acc;
+    }
+    for (int l = 0; l < W; ++l) m = std::max(m, acc[l]);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
 }
 
 // Soft-capping of n scores in place: s = cap * tanh(s / cap); cap 0: none.
@@ -122,7 +143,7 @@ static void one_row(const float* q, const float* k, const float* v, float* out, 
   scores<C>(q, k, G, seen, p);
   soft_cap(p, G * seen, cap);
   float total[G];
-  for (int g = 0; g < G; ++g) total[g] = exp_shifted(p + g * seen, seen, *std::max_element(p + g * seen, p + (g + 1) * seen));
+  for (int g = 0; g < G; ++g) total[g] = exp_shifted(p + g * seen, seen, max_of(p + g * seen, seen));
   for (int c0 = 0; c0 < C; c0 += CW) {
     v16 o[G][CW] = {};
     for (int64_t j = 0; j < seen; ++j) {
@@ -147,7 +168,7 @@ static void one_row_any_g(const float* q, const float* k, const float* v, float*
   soft_cap(p, G * seen, cap);
   for (int64_t g = 0; g < G; ++g) {
     float* pg = p + g * seen;
-    const float total = exp_shifted(pg, seen, *std::max_element(pg, pg + seen));
+    const float total = exp_shifted(pg, seen, max_of(pg, seen));
     v16 o[C] = {};
     for (int64_t j = 0; j < seen; ++j) {
       const float w = pg[j];
@@ -184,7 +205,7 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
       pg[j] = s;
     }
     soft_cap(pg, seen, cap);
-    const float total = exp_shifted(pg, seen, *std::max_element(pg, pg + seen));
+    const float total = exp_shifted(pg, seen, max_of(pg, seen));
     for (int64_t d = 0; d < D; ++d) {
       float o = 0.f;
       for (int64_t j = 0; j < seen; ++j) o += pg[j] * v[j * D + d];
@@ -193,10 +214,154 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
   }
 }
 
+// Prefill: a tile of up to MAX_TILE consecutive query rows of one KV head computed together, so that each key and
+// value loaded serves every row of the tile that sees it (row at a time, a 1,024-token prompt reads the cache's keys
+// and values once per row). Each row still gets one_row's arithmetic in one_row's order, so the same bits: its
+// scores one by one as scores<C> computes them (16 lanes over the head's vectors, hsum8 = hsum's tree), soft-capped,
+// its softmax by exp_shifted over its own keys from its first one, and sum_j p_j v_j in increasing j from its
+// first key, its G * CW accumulators spilled to memory between blocks of keys (exact) rather than kept in registers
+// for the whole sum. A key block some rows of the tile do not see (past a row's end, before its window) is scored
+// for the rows that see part of it and the extra scores are never read.
+constexpr int64_t MAX_TILE = 16;
+constexpr int64_t VALUE_BLOCK = 64;  // keys whose values (CW vectors of each) stay in L1 while every row adds them
+
+// The scores of HP query heads (q, D floats apart) against the 8 keys at kb: s[h * ss + b], the bits of scores<C>.
+template <int C, int HP>
+static inline void scores8(const float* q, const float* kb, float* s, int64_t ss) {
+  constexpr int64_t D = C * W;
+  v16 acc[HP][8] = {};
+  for (int c = 0; c < C; ++c) {
+    v16 qc[HP];
+    for (int h = 0; h < HP; ++h) qc[h] = load(q + h * D + c * W);
+    for (int b = 0; b < 8; ++b) {
+      const v16 kc = load(kb + b * D + c * W);
+      for (int h = 0; h < HP; ++h) acc[h][b] += qc[h] * kc;
+    }
+  }
+  for (int h = 0; h < HP; ++h) hsum8(acc[h], s + h * ss);
+}
+
+// R rows (row r's queries at q + r * qs, its output at out + r * qs) of one KV head over keys [first[r], end[r]),
+// both nondecreasing in r. S: R * G * (end[R-1] - first[0]) floats, O: R * G * CW * 16 floats of scratch.
+template <int C, int G>
+static void attend_tile(const float* q, int64_t qs, const float* k, const float* v, float* out, int64_t R,
+                      const int64_t* first, const int64_t* end, float* S, float* O, float cap) {
+  constexpr int64_t D = C * W;
+  constexpr int CW = (G + 1) * 4 <= 28 ? std::min(C, 4) : std::min(C, 2);  // one_row's
+#ifdef __AVX512F__
+  constexpr int HP = G % 3 == 0 ? 3 : 2;  // heads scored together: HP * 8 accumulators + HP + 1 of 32 registers
+#else
+  constexpr int HP = 1;
+#endif
+  const int64_t lo = first[0], hi = end[R - 1], span = hi - lo;
+  int64_t j = lo;
+  for (; j + 8 <= hi; j += 8) {
+    const float* kb = k + j * D;
+    for (int64_t r = 0; r < R; ++r) {
+      if (j >= end[r] || j + 8 <= first[r]) continue;
+      const float* qr = q + r * qs;
+      float* sr = S + r * G * span + (j - lo);
+      int g = 0;
+      for (; g + HP <= G; g += HP) scores8<C, HP>(qr + g * D, kb, sr + g * span, span);
+      for (; g < G; ++g) scores8<C, 1>(qr + g * D, kb, sr + g * span, span);
+    }
+  }
+  for (; j < hi; ++j)  // the last keys, one at a time
+    for (int64_t r = 0; r < R; ++r) {
+      if (j < first[r] || j >= end[r]) continue;
+      for (int g = 0; g < G; ++g) {
+        v16 acc = {};
+        for (int c = 0; c < C; ++c) acc += load(q + r * qs + g * D + c * W) * load(k + j * D + c * W);
+        S[(r * G + g) * span + (j - lo)] = hsum(acc);
+      }
+    }
+  float total[MAX_TILE][G];
+  for (int64_t r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      float* p = S + (r * G + g) * span + (first[r] - lo);
+      const int64_t n = end[r] - first[r];
+      soft_cap(p, n, cap);
+      total[r][g] = exp_shifted(p, n, max_of(p, n));
+    }
+  for (int c0 = 0; c0 < C; c0 += CW) {
+    std::fill(O, O + R * G * CW * W, 0.0f);
+    for (int64_t jb = lo; jb < hi; jb += VALUE_BLOCK)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t js = std::max(jb, first[r]), je = std::min(jb + VALUE_BLOCK, end[r]);
+        if (js >= je) continue;
+        float* Or = O + r * G * CW * W;
+        const float* pr = S + r * G * span;
+        v16 o[G][CW];
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < CW; ++c) o[g][c] = load(Or + (g * CW + c) * W);
+        for (int64_t jj = js; jj < je; ++jj) {
+          v16 vj[CW];
+          for (int c = 0; c < CW; ++c) vj[c] = load(v + jj * D + (c0 + c) * W);
+          for (int g = 0; g < G; ++g) {
+            const float w = pr[g * span + (jj - lo)];
+            for (int c = 0; c < CW; ++c) o[g][c] += w * vj[c];
+          }
+        }
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < CW; ++c) store(Or + (g * CW + c) * W, o[g][c]);
+      }
+    for (int64_t r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < CW; ++c)
+          store(out + r * qs + g * D + (c0 + c) * W, load(O + ((r * G + g) * CW + c) * W) / total[r][g]);
+  }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, const int64_t*,
+                        const int64_t*, float*, float*, float);
+
+template <int C>
+static TileFn tile_for_g(int64_t G) {
+  switch (G) {  // one_row_c's heads per KV head; others row at a time
+    case 1: return attend_tile<C, 1>;
+    case 2: return attend_tile<C, 2>;
+    case 3: return attend_tile<C, 3>;
+    case 4: return attend_tile<C, 4>;
+    case 5: return attend_tile<C, 5>;
+    case 6: return attend_tile<C, 6>;
+    case 7: return attend_tile<C, 7>;
+    case 8: return attend_tile<C, 8>;
+    default: return nullptr;
+  }
+}
+
+static TileFn tile_for(int64_t D, int64_t G) {
+  switch (D) {
+    case 16: return tile_for_g<1>(G);
+    case 32: return tile_for_g<2>(G);
+    case 64: return tile_for_g<4>(G);
+    case 128: return tile_for_g<8>(G);
+    case 256: return tile_for_g<16>(G);
+    default: return nullptr;
+  }
+}
+
+// Tasks [0, count) over the threads from a shared counter, task 0 first: a thread that gets the CPU takes more of
+// them; which thread computes a task never changes its bits.
+template <class Task>
+static void share_tasks(int64_t count, const Task& task) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    std::vector<float> S, O;
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < count;
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      task(t, S, O);
+  });
+}
+
 // q [Hkv, G, Lq, D] (the last Lq positions), k / v [Hkv, Lk, D] -> [Lq, Hkv * G, D]; row i sees keys
 // 0 .. Lk - Lq + i, or with a sliding window (window > 0) its last `window` of them; softcap > 0 caps the scores.
+// tile_rows > 1: rows in tiles of up to that many (at most MAX_TILE; fewer where the tiles would not give every
+// thread two tasks) where the head size and heads per KV head have a tile (tile_for); else row at a time. The bits
+// are the same either way.
 torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in, double scaling,
-                     int64_t window, double softcap) {
+                     int64_t window, double softcap, int64_t tile_rows) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 3 && v_in.dim() == 3, "attend: q [Hkv, G, Lq, D], k/v [Hkv, Lk, D]");
   TORCH_CHECK(q_in.scalar_type() == torch::kFloat && k_in.scalar_type() == torch::kFloat &&
               v_in.scalar_type() == torch::kFloat, "attend: float32 only");
@@ -205,6 +370,7 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
   TORCH_CHECK(k_in.size(0) == H && v_in.size(0) == H && k_in.size(2) == D && v_in.size(2) == D &&
               v_in.size(1) == Lk && Lk >= Lq, "attend: shapes do not match");
   TORCH_CHECK(window >= 0 && softcap >= 0, "attend: window and softcap are >= 0 (0: none)");
+  TORCH_CHECK(tile_rows >= 1, "attend: tile_rows is >= 1 (1: row at a time)");
   const float cap = static_cast<float>(softcap);
   // [Lq, H, G, D], each row's queries times `scaling` (as transformers' eager attention does before q.k)
   const auto q = (q_in.permute({2, 0, 1, 3}) * scaling).contiguous();
@@ -217,11 +383,33 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  auto bounds = [&](int64_t i, int64_t& first, int64_t& end) {  // the keys row i sees: [first, end)
+    end = Lk - Lq + i + 1;
+    first = window > 0 && end > window ? end - window : 0;
+  };
+  const TileFn tile = tile_for(D, G);
+  const int64_t R = std::min({tile_rows, MAX_TILE, Lq * H / (2 * at::get_num_threads())});
+  if (tile != nullptr && R >= 2) {
+    const int64_t tiles = (Lq + R - 1) / R, CW = 4;  // CW: the most vectors of a head attend_tile sums at once
+    share_tasks(tiles * H, [&](int64_t t, std::vector<float>& S, std::vector<float>& O) {
+      const int64_t i0 = (tiles - 1 - t / H) * R, h = t % H, rows = std::min(R, Lq - i0);  // the longest rows first
+      int64_t first[MAX_TILE], end[MAX_TILE];
+      for (int64_t r = 0; r < rows; ++r) bounds(i0 + r, first[r], end[r]);
+      const size_t need = rows * G * (end[rows - 1] - first[0]);
+      if (S.size() < need) S.resize(need);
+      if (O.size() < static_cast<size_t>(rows * G * CW * W)) O.resize(rows * G * CW * W);
+      tile(qp + (i0 * H + h) * G * D, H * G * D, kp + h * ks, vp + h * vs, op + (i0 * H + h) * G * D, rows, first,
+           end, S.data(), O.data(), cap);
+    });
+    return out;
+  }
   at::parallel_for(0, Lq * H, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> p(G * Lk);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i = t / H, h = t % H, end = Lk - Lq + i + 1;
-      const int64_t first = window > 0 && end > window ? end - window : 0, seen = end - first;
+      const int64_t i = t / H, h = t % H;
+      int64_t first, end;
+      bounds(i, first, end);
+      const int64_t seen = end - first;
       const float* qt = qp + t * G * D;
       const float *kh = kp + h * ks + first * D, *vh = vp + h * vs + first * D;
       float* ot = op + t * G * D;
@@ -240,5 +428,6 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-wise causal attention, each query row over its own visible keys, row-invariant",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("window") = 0, py::arg("softcap") = 0.0);
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("window") = 0, py::arg("softcap") = 0.0,
+        py::arg("tile_rows") = 1);
 }

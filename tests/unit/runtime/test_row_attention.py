@@ -120,3 +120,80 @@ def test_without_the_kernel_attention_runs_as_torch_ops(tok, monkeypatch):
     rt = OneSequence(tiny_model(tok, seed=4))
     assert "row-wise attention in torch ops" in rt.numerics and rt.row_invariant
     rt.prefill([5, 6, 7])
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rows_in_tiles_are_the_bits_of_rows_at_a_time(kernel, shape, threads):
+    """A prompt chunk's rows computed in tiles that share each key and value loaded: every row bitwise the row
+    computed alone, for chunks that are not a multiple of the tile, on a cached prefix or none, tiles of any size
+    (more than the kernel takes at once: it caps them)."""
+    for lk, lq in [(29, 29), (64, 64), (100, 37), (300, 64), (9, 3), (270, 13)]:
+        q, k, v = qkv(*shape, lk, lq, seed=lq)
+        rows = kernel.attend(q, k, v, 0.3, 0, 0.0, 1)
+        for i in (0, lq // 2, lq - 1):  # row at a time is each row alone, over the keys it sees
+            seen = lk - lq + i + 1
+            assert torch.equal(kernel.attend(q[:, :, i : i + 1], k[:, :seen], v[:, :seen], 0.3)[0], rows[i])
+        for tile in (2, 3, 8, 16, 40):
+            assert torch.equal(kernel.attend(q, k, v, 0.3, 0, 0.0, tile), rows), (lk, lq, tile)
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 128), (1, 4, 256), (2, 2, 16)])
+@pytest.mark.parametrize("window,softcap", [(4, 0.0), (1, 0.0), (0, 2.0), (7, 1.5), (50, 0.0)])
+def test_tiles_keep_sliding_windows_and_soft_caps_bitwise(kernel, shape, window, softcap):
+    lk, lq = 140, 70  # rows whose windows start at different keys within one tile
+    q, k, v = qkv(*shape, lk, lq, seed=3)
+    scaling = shape[2] ** -0.5 * 4
+    rows = kernel.attend(q, k, v, scaling, window, softcap, 1)
+    for tile in (3, 8, 16):
+        assert torch.equal(kernel.attend(q, k, v, scaling, window, softcap, tile), rows)
+
+
+def test_a_prefill_in_tiles_is_the_prefill_row_at_a_time(tok, kernel, monkeypatch):
+    """The runtime's prompt chunks go through the tiles (packed.TILE_ROWS): the logits of every position are the
+    same bits as with rows at a time, whatever the chunking."""
+    ids = [(7 * i + 3) % 200 for i in range(90)]
+    runs = {}
+    for tile in (1, 8):
+        monkeypatch.setattr(packed, "TILE_ROWS", tile)
+        rt = OneSequence(tiny_model(tok, seed=4))
+        rt.prefill_chunk = 40
+        rt.prefill(ids[:50])
+        runs[tile] = rt.extend(ids[50:])  # 40 rows on a 50-token cache: every position's logits
+    assert torch.equal(runs[1], runs[8])
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return False
+    return set(flags) <= set(line.split())
+
+
+# Builds for other vector units than this CPU's: -march and the CPU flags it needs. AVX2 has FMA, as AVX-512 does:
+# the same float operations lane for lane; the portable path (SSE2, no FMA) rounds each product on its own.
+BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_other_vector_units_give_tiles_the_bits_of_rows_at_a_time(kernel, build):
+    march, needs = BUILDS[build]
+    if not _cpu_has(*needs):
+        pytest.skip(f"this CPU cannot run a {build} build")
+    other = packed._KERNEL.for_march(march)  # this CPU's build works and runs this one: a failure is a failure
+    for shape in [(2, 6, 128), (2, 7, 64), (1, 4, 256)]:
+        q, k, v = qkv(*shape, 100, 37, seed=5)
+        rows = other.attend(q, k, v, 0.3, 0, 0.0, 1)
+        assert torch.equal(other.attend(q, k, v, 0.3, 0, 0.0, 8), rows)
+        assert torch.equal(other.attend(q, k, v, 0.3, 5, 1.5, 8), other.attend(q, k, v, 0.3, 5, 1.5, 1))
+        if "fma" in needs:
+            assert torch.equal(rows, kernel.attend(q, k, v, 0.3, 0, 0.0, 8))
