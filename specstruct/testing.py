@@ -375,3 +375,14 @@ def run_alone(row: Any) -> Any:
     for _ in steps_alone(row):
         pass
     return row
+
+
+def cpu_has(*flags: str) -> bool:
+    """Whether /proc/cpuinfo lists every one of `flags` for this CPU (False where there is no /proc): tests that build
+    kernels for other vector units run only where this CPU can execute them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return False
+    return set(flags) <= set(line.split())

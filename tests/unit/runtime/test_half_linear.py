@@ -9,7 +9,7 @@ import torch
 from specstruct import settings
 from specstruct.runtime import fixed_linear
 from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight, describe
-from specstruct.testing import OneSequence, tiny_llama, tiny_model, write_gguf
+from specstruct.testing import OneSequence, tiny_llama, tiny_model, write_gguf, cpu_has
 
 DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
 SHAPES = [(72, 40), (100, 33), (5, 1), (64, 300), (129, 515)]  # (out, in): vector and panel tails, 1-3 block sums
@@ -85,15 +85,6 @@ def test_other_dtypes_are_refused_by_name():
         HalfWeight.from_gguf("Q4_K", None, 4, 4)
 
 
-def _cpu_has(*flags: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
-    except OSError:
-        return False
-    return set(flags) <= set(line.split())
-
-
 # builds for other vector units than this CPU's: -march, the simd the build names, the CPU flags it needs
 BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")), "scalar": ("x86-64", ())}
 
@@ -101,7 +92,7 @@ BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")), "scalar": ("x86-64", (
 @pytest.fixture(scope="module", params=list(BUILDS))
 def other_build(request):
     march, needs = BUILDS[request.param]
-    if not _cpu_has(*needs):
+    if not cpu_has(*needs):
         pytest.skip(f"this CPU cannot run a {request.param} build")
     if fixed_linear.kernel() is None:
         pytest.skip(fixed_linear.why_not())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specstruct.runtime import quantized
+from specstruct.testing import cpu_has
 
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType  # noqa: E402  (after the importorskip)
@@ -154,15 +155,6 @@ def test_merged_projections_are_the_same_bits_as_separate_calls(ext, name):
     assert quantized.merge_linears([mods[2], mods[0]]) is None  # a partial panel before the last part
 
 
-def _cpu_has(*flags: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
-    except OSError:
-        return False
-    return set(flags) <= set(line.split())
-
-
 # Builds for other vector units than this CPU's: (-march and flags, the simd it names, the CPU flags it needs)
 BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")),  # most laptops and desktops
           "avx-vnni": ("x86-64-v3 -mavxvnni", ("avx2", "fma", "f16c", "avx_vnni"))}
@@ -172,7 +164,7 @@ BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")),  # most laptops and de
 def other_build(request):
     """The same source built for AVX2 (pair sums) or AVX-VNNI (256-bit VPDPBUSD) without AVX-512."""
     march, needs = BUILDS[request.param]
-    if not _cpu_has(*needs):
+    if not cpu_has(*needs):
         pytest.skip(f"this CPU cannot run a {request.param} build")
     if quantized.why_not():
         pytest.skip(quantized.why_not())

@@ -7,7 +7,7 @@ import torch
 
 from specstruct import settings
 from specstruct.runtime import packed
-from specstruct.testing import tiny_model
+from specstruct.testing import tiny_model, cpu_has
 from specstruct.testing import OneSequence
 from specstruct.runtime.owned import peek
 
@@ -170,15 +170,6 @@ def test_a_prefill_in_tiles_is_the_prefill_row_at_a_time(tok, kernel, monkeypatc
     assert torch.equal(runs[1], runs[8])
 
 
-def _cpu_has(*flags: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
-    except OSError:
-        return False
-    return set(flags) <= set(line.split())
-
-
 # Builds for other vector units than this CPU's: -march and the CPU flags it needs. AVX2 has FMA, as AVX-512 does:
 # the same float operations lane for lane; the portable path (SSE2, no FMA) rounds each product on its own.
 BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
@@ -187,7 +178,7 @@ BUILDS = {"avx2": ("x86-64-v3", ("avx2", "fma", "f16c")), "portable": ("x86-64",
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_other_vector_units_give_tiles_the_bits_of_rows_at_a_time(kernel, build):
     march, needs = BUILDS[build]
-    if not _cpu_has(*needs):
+    if not cpu_has(*needs):
         pytest.skip(f"this CPU cannot run a {build} build")
     other = packed._KERNEL.for_march(march)  # this CPU's build works and runs this one: a failure is a failure
     for shape in [(2, 6, 128), (2, 7, 64), (1, 4, 256)]:
