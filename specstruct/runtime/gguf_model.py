@@ -124,8 +124,9 @@ def _set(model: torch.nn.Module, dotted: str, value) -> None:
 
 
 # transformers' model types whose gguf-py architecture name differs (as transformers' own GGUF loader maps them)
-_ARCH_NAMES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
-               "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
+# (llama.cpp writes Mistral as "llama"; transformers calls it "mistral" when the file's name is exactly that)
+_ARCH_NAMES = {"mistral": "llama", "cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+               "gemma3_text": "gemma3", "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
 
 
 def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
