@@ -23,8 +23,8 @@ adaptive_threshold) the draft is tried only when the best k in 1..cap promises T
 the trial costs the draft's reading of the prompt and steps at a loss where it does not pay, so a marginal promise
 is not worth it (prose, where a 0.5B draft costs half a 1.5B step, promises 9% at a = 0.7 and 10% from a = 0.72).
 With d <= k (a = 1) the test is the bound d / k > e / s0: where the free drafters spend at most e per token no
-acceptance makes the draft pay. Forced tokens a draft appends without a draft step can break d <= k, so a verdict both arms
-measured overrides it. (On a CPU with block-quantized weights a 0.5B
+acceptance makes the draft pay. Forced tokens a draft appends without a draft step can break d <= k, so a verdict
+both arms measured overrides it. (On a CPU with block-quantized weights a 0.5B
 draft step costs about half a 1.5B one: on JSON and code, where forced text and prompt lookup give 3-5 tokens a
 pass, the draft model measured slower, forced tokens included; docs/benchmarks.md.)
 """
