@@ -348,7 +348,8 @@ def draft_first(speculator: Any) -> Any:
 
     policy = getattr(speculator, "policy", speculator)
     for mode in get_args(Mode):
-        policy.observe_step(mode, False, ARM_TOKENS, 10.0 * ARM_TOKENS)
+        for _ in range(ARM_TOKENS):  # steps of one token: a draft would add tokens to each
+            policy.observe_step(mode, False, 1, 10.0)
     return speculator
 
 

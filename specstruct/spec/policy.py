@@ -15,12 +15,16 @@ That model leaves out what the free drafters would have proposed anyway and the 
 so the draft model must also beat them as measured: per output mode, the seconds per output token of a lone row's
 steps with the draft model (its prompt reading included) and without it (free drafters only). The free drafters run
 first (ARM_TOKENS tokens), then the draft model as long, then whichever was faster; the other is tried again every
-PROBE_ARM_EVERY steps. A lone row does not try the draft model while the free drafters' seconds per token s0 are
-at most what one draft token costs, a draft step plus one more row in the pass, e. The cost model behind it: if a
-pass of the free drafters gives t0 tokens in P0 seconds (s0 = P0 / t0) and k draft steps appended to it add d
-accepted tokens for k * e seconds, the draft pays only if t0 * (P0 + k * e) < (t0 + d) * P0, that is d / k > e / s0;
-it assumes a draft step adds at most one token (d <= k). Forced tokens a draft appends without a draft step can
-break that assumption, so a verdict both arms measured overrides it. (On a CPU with block-quantized weights a 0.5B
+PROBE_ARM_EVERY steps. A lone row tries the draft model only where the cost model expects it to pay. If a step of
+the free drafters gives t0 tokens in P0 seconds (both measured, s0 = P0 / t0) and k draft steps appended to it add
+d accepted tokens for k * e seconds (e: a draft step plus one more row in the pass), the draft pays only if
+(t0 + d) / (P0 + k * e) > t0 / P0. With d = E(a, k) - 1 at the draft's acceptance a (measured, else the engine's
+adaptive_threshold) the draft is tried only when the best k in 1..cap promises TRIAL_GAIN over the free drafters:
+the trial costs the draft's reading of the prompt and steps at a loss where it does not pay, so a marginal promise
+is not worth it (prose, where a 0.5B draft costs half a 1.5B step, promises 9% at a = 0.7 and 10% from a = 0.72).
+With d <= k (a = 1) the test is the bound d / k > e / s0: where the free drafters spend at most e per token no
+acceptance makes the draft pay. Forced tokens a draft appends without a draft step can break d <= k, so a verdict
+both arms measured overrides it. (On a CPU with block-quantized weights a 0.5B
 draft step costs about half a 1.5B one: on JSON and code, where forced text and prompt lookup give 3-5 tokens a
 pass, the draft model measured slower, forced tokens included; docs/benchmarks.md.)
 """
@@ -45,6 +49,7 @@ ARM_TOKENS = 24  # output tokens measured with and without the draft model befor
 ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of each arm
 ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
 PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
+TRIAL_GAIN = 1.1  # the expected gain over the free drafters that a lone row's first try of the draft model needs
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -84,8 +89,8 @@ class AdaptivePolicy:
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
         # (mode, proposer) -> a copying proposer's (first-token, copy) rates (prompt lookup, the suffix index)
         self.lookup: dict[tuple[Mode, str], tuple[float, float]] = {}
-        # (mode, with the draft model) -> decayed (seconds, output tokens) of a lone row's steps; tokens measured
-        self.arms: dict[tuple[Mode, bool], tuple[float, float]] = {}
+        # (mode, with the draft model) -> decayed (seconds, output tokens, steps) of a lone row's steps
+        self.arms: dict[tuple[Mode, bool], tuple[float, float, float]] = {}
         self.arm_tokens: dict[tuple[Mode, bool], int] = defaultdict(int)
         self.arm_idle: dict[Mode, int] = defaultdict(int)
 
@@ -173,21 +178,29 @@ class AdaptivePolicy:
         if self.arm_tokens[(mode, False)] < ARM_TOKENS:
             return "explore-without"
         if self.arm_tokens[(mode, True)] >= ARM_TOKENS:  # both measured: the measurement decides
-            (s1, t1), (s0, t0) = self.arms[(mode, True)], self.arms[(mode, False)]
+            (s1, t1, _), (s0, t0, _) = self.arms[(mode, True)], self.arms[(mode, False)]
             return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
-        return "off" if self.draft_hopeless(mode) else "explore-with"
+        return "explore-with" if self.trial_gain(mode) >= TRIAL_GAIN else "off"
 
-    def draft_hopeless(self, mode: Mode) -> bool:
-        """The free drafters alone spend at most a draft token's cost (a draft step and one more row in the pass)
-        per output token in `mode`: by the cost model in the module docstring no draft can beat them, so a lone row
-        neither tries nor probes it while that holds."""
+    def trial_gain(self, mode: Mode, cap: int | None = None, rate: float | None = None) -> float:
+        """The most a draft of 1..cap tokens (the mode's cap) at acceptance `rate` (the draft's measured rate, else
+        the engine's adaptive_threshold) is expected to speed a lone row's steps up over the free drafters alone in
+        `mode`, as measured (module docstring); inf before anything is measured (no basis to rule the draft out)."""
         step = self.draft_cost if self.draft_cost is not None else self.draft_step
         if step is None or (mode, False) not in self.arms:
-            return False
+            return float("inf")
+        s0, t0, n0 = self.arms[(mode, False)]
+        if s0 <= 0 or n0 <= 0:
+            return float("inf")
+        seconds, tokens = s0 / n0, t0 / n0  # a step of the free drafters: P0 and t0
         t1 = self.t1() or 0.0
-        row = t1 * (self.verify_ratio(9) - 1.0) / 8  # one more row in a pass: the slope from 1 to 9 rows
-        s0, t0 = self.arms[(mode, False)]
-        return s0 / t0 <= step + row
+        e = step + t1 * (self.verify_ratio(9) - 1.0) / 8  # a draft token: a draft step and one more row in the pass
+        a = rate if rate is not None else self.model_rate(mode)
+        a = self.config.adaptive_threshold if a is None else a
+        best = 0.0
+        for k in range(1, max(1, self.config.cap(mode) if cap is None else cap) + 1):
+            best = max(best, (tokens + expected_tokens(a, k) - 1.0) / (seconds + k * e) * seconds / tokens)
+        return best
 
     def _model_arm(self, mode: Mode, alone: bool = True) -> bool:
         """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
@@ -196,7 +209,7 @@ class AdaptivePolicy:
             return verdict != "off"  # (measured, or by the cost model: a batch's rows do not make the draft cheaper)
         if verdict.startswith("explore"):
             return verdict == "explore-with"
-        if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (draft_hopeless): no probe either
+        if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (trial_gain): no probe either
             return False
         self.arm_idle[mode] += 1
         probe = self.arm_idle[mode] >= PROBE_ARM_EVERY
@@ -209,8 +222,8 @@ class AdaptivePolicy:
         if not self.use_timing or tokens <= 0:
             return
         key = (mode, with_model)
-        s, t = self.arms.get(key, (0.0, 0.0))
-        self.arms[key] = (s * ARM_DECAY + seconds, t * ARM_DECAY + tokens)
+        s, t, n = self.arms.get(key, (0.0, 0.0, 0.0))
+        self.arms[key] = (s * ARM_DECAY + seconds, t * ARM_DECAY + tokens, n * ARM_DECAY + 1.0)
         self.arm_tokens[key] += tokens
 
     def t1(self) -> float | None:
