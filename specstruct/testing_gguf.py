@@ -45,11 +45,12 @@ ARCHS: dict[str, tuple[str, dict]] = {
 }
 
 
-@functools.lru_cache(maxsize=2)
-def tiny_spm_tokenizer(vocab_size: int = 300):
+@functools.lru_cache(maxsize=4)
+def tiny_spm_tokenizer(vocab_size: int = 300, space_prefix: bool = False):
     """A sentencepiece-style BPE tokenizer as Gemma's (spaces as "▁", byte fallback to <0x00>..<0xFF>, <pad>
     <eos> <bos> <unk> first, <start_of_turn> / <end_of_turn>), trained in code on specstruct.testing's corpus: what
-    llama.cpp's converter writes as a "llama" vocabulary (write_bare_gguf)."""
+    llama.cpp's converter writes as a "llama" vocabulary (write_bare_gguf). `space_prefix`: a "▁" before the text,
+    as Llama 2's and Phi-3's sentencepiece models add (add_dummy_prefix), not Gemma's."""
     from tokenizers import Tokenizer, decoders, models, normalizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,7 +58,8 @@ def tiny_spm_tokenizer(vocab_size: int = 300):
 
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
     trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    trained.normalizer = normalizers.Replace(" ", "▁")
+    normalizer = [normalizers.Prepend("▁")] if space_prefix else []
+    trained.normalizer = normalizers.Sequence([*normalizer, normalizers.Replace(" ", "▁")])
     trained.train_from_iterator(_CORPUS * 4, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                                                  show_progress=False))
     model = json.loads(trained.to_str())["model"]
@@ -66,13 +68,14 @@ def tiny_spm_tokenizer(vocab_size: int = 300):
     merges = [tuple(m) if not isinstance(m, str) else tuple(m.split(" ")) for m in model["merges"]]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token="<unk>",
                                byte_fallback=True))
-    tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.normalizer = normalizers.Sequence([*normalizer, normalizers.Replace(" ", "▁")])
+    strip = [decoders.Strip(" ", 1, 0)] if space_prefix else []
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     tok.add_special_tokens(special)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<end_of_turn>",
                                    unk_token="<unk>", pad_token="<pad>")
     fast.chat_template = GEMMA_TEMPLATE
-    fast.name_or_path = f"specstruct-tiny-spm-{vocab_size}"
+    fast.name_or_path = f"specstruct-tiny-spm-{vocab_size}{'-prefix' if space_prefix else ''}"
     return fast
 
 
@@ -222,5 +225,5 @@ def _sentencepiece(writer, tokenizer, tokens: list[str], vocab_size: int) -> Non
     writer.add_unk_token_id(tokenizer.unk_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
+    writer.add_add_space_prefix('"Prepend"' in tokenizer.backend_tokenizer.to_str())  # add_dummy_prefix
     writer.add_chat_template(tokenizer.chat_template)

@@ -224,3 +224,21 @@ def _speculative_equals_target_only(name: str, engine) -> None:
     assert drafted > 0
     result = engine.run(PROMPTS[0], max_new_tokens=4)
     assert "row-invariant" in result.stats.numerics and "fused decoder layers" in result.stats.numerics
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma2"])
+def test_a_sentencepiece_vocabulary_reads_back_as_the_tokenizer_it_was_written_from(name, tmp_path, cache):
+    """A "llama" (sentencepiece) vocabulary as Phi-3's files (a "▁" before the text: add_space_prefix) and Gemma's
+    (none) carry it, with tokens, scores, types and byte pieces: the tokenizer transformers' GGUF conversion builds
+    from the metadata gives the source tokenizer's ids, text outside the vocabulary through its <0x..> byte pieces,
+    <bos> first as the file asks, and decodes back to the text."""
+    source = tiny_spm_tokenizer(space_prefix=name == "phi3")
+    path = tmp_path / f"Tiny-{name}-spm.gguf"
+    write_bare_gguf(tiny_arch(name, source), source, path, "Q8_0")
+    _, tokenizer = load_model(str(path))
+    for text in [*PROMPTS, "naïve café ☃ 東京", "  two  spaces,\ta tab\n\nand lines "]:
+        want = source.encode(text, add_special_tokens=False)
+        assert tokenizer.encode(text, add_special_tokens=False) == want, text
+        assert tokenizer.encode(text) == [source.bos_token_id, *want], text
+        assert tokenizer.decode(want) == text
+    assert "<0xE2>" in source.convert_ids_to_tokens(source.encode("☃", add_special_tokens=False))
