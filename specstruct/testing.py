@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -189,13 +192,16 @@ def tiny_llama(tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2)
 GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3"}
 
 
-def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
+def write_gguf(model, path, quant: str | Callable[[str], str] = "Q8_0", metadata=None, seed: int = 0):
     """`model`'s weights as a GGUF file (2-D weights in `quant`, the rest float32), named and laid out as
     llama.cpp's converter (convert_hf_to_gguf.py) writes them: Llama's and Mistral's q/k rows permuted (both are
     its "llama" architecture), Gemma's norm weights stored plus one, a tied LM head left out (the embedding),
     Llama 3's rotary scaling as the `rope_freqs` factors, Phi-3's longrope as `rope_factors_long` / `_short`.
-    `metadata(writer)`, where given, adds the file's key-values (specstruct.testing_gguf.write_bare_gguf).
-    Returns the float32 model those blocks stand for: `model`'s weights replaced by their de-quantized values."""
+    `quant` is a GGUF type name, or a function from a tensor's GGUF name to one (a mix, as llama.cpp's Q4_K_M).
+    A type gguf's writer cannot quantize to (the K-quants, IQ4_XS, IQ4_NL) gets random valid blocks at the weight's
+    scale instead (random_gguf_blocks). `metadata(writer)`, where given, adds the file's key-values
+    (specstruct.testing_gguf.write_bare_gguf). Returns the float32 model those blocks stand for: `model`'s weights
+    replaced by their de-quantized values."""
     import copy
 
     import numpy as np
@@ -208,7 +214,8 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     names = get_tensor_name_map(arch, cfg.num_hidden_layers)
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     gemma = cfg.model_type.startswith("gemma")
-    kind = getattr(GGMLQuantizationType, quant)
+    type_of = quant if callable(quant) else (lambda _name: quant)
+    rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch_name)
     if metadata is not None:
         metadata(writer)
@@ -230,7 +237,11 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
             n = kv_heads if ".attn_k." in gguf_name else heads
             w = w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
         if w.ndim == 2:
-            blocks = quantize(w, kind)
+            kind = getattr(GGMLQuantizationType, type_of(gguf_name))
+            try:
+                blocks = quantize(w, kind)
+            except NotImplementedError:  # no quantizer in gguf-py: random blocks of the weight's size
+                blocks = random_gguf_blocks(kind.name, w.shape, float(w.std()), rng)
             writer.add_tensor(gguf_name, blocks, raw_dtype=kind)
             back = dequantize(blocks, kind).reshape(w.shape)
             if permute:  # undo the permutation for the float model
@@ -250,6 +261,42 @@ def write_gguf(model, path, quant: str = "Q8_0", metadata=None):
     writer.write_tensors_to_file()
     writer.close()
     return stands_for
+
+
+def random_gguf_blocks(kind: str, shape: tuple[int, ...], std: float, rng) -> np.ndarray:
+    """Random but valid GGUF blocks of type `kind` for a [rows, cols] weight, as uint8 [rows, bytes per row]:
+    random codes and sub-scales, and fp16 super-block scales (and mins) chosen so the weights average about zero and
+    have standard deviation `std` (the float weight's: q / k scores, norms and the head keep their sizes). For
+    the formats gguf-py can de-quantize but not quantize; the reference is `gguf.quants.dequantize` of these
+    bytes."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specstruct.runtime.gguf_blocks import DECODERS
+
+    qtype = getattr(GGMLQuantizationType, kind)
+    per_block, nbytes = GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    if cols % per_block:
+        raise ValueError(f"{kind} packs {per_block} inputs a block; the weight has {cols}")
+    blocks = rng.integers(0, 256, size=(rows * cols // per_block, nbytes), dtype=np.uint8)
+    halves = DECODERS[kind].halves  # the byte offsets of the fp16 scale (and min) in a block
+
+    def weights(*values: np.ndarray) -> np.ndarray:
+        for at, v in zip(halves, values):
+            blocks[:, at:at + 2] = v.astype(np.float16).reshape(-1, 1).view(np.uint8)
+        return dequantize(blocks.reshape(rows, -1), qtype)
+
+    n = len(blocks)
+    scale = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
+    values = [scale]
+    if len(halves) == 2:  # w = d * a + m * b: the min at the ratio that cancels the codes' mean
+        a, b = weights(np.ones(n), np.zeros(n)), weights(np.zeros(n), np.ones(n))
+        values.append(scale * -(a.mean() / b.mean()))
+    size = std / max(float(weights(*values).std()), 1e-30)
+    weights(*(v * size for v in values))
+    return blocks.reshape(rows, -1)
 
 
 def _llama3_rope_factors(cfg):

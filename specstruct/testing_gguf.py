@@ -21,6 +21,10 @@ GEMMA_TEMPLATE = (
 # on a short prompt (a window of 4 tokens, soft-caps of a few units)
 ARCHS: dict[str, tuple[str, dict]] = {
     "qwen2": ("qwen2", {}),
+    # Qwen2.5's long-context rotary: YaRN's blend of interpolated and original frequencies (betas not the defaults)
+    "qwen2-yarn": ("qwen2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                      original_max_position_embeddings=64, beta_fast=16.0,
+                                                      beta_slow=2.0))),
     "llama3": ("llama", dict(rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                   high_freq_factor=4.0, original_max_position_embeddings=16,
                                                   rope_theta=500000.0))),
@@ -41,11 +45,12 @@ ARCHS: dict[str, tuple[str, dict]] = {
 }
 
 
-@functools.lru_cache(maxsize=2)
-def tiny_spm_tokenizer(vocab_size: int = 300):
+@functools.lru_cache(maxsize=4)
+def tiny_spm_tokenizer(vocab_size: int = 300, space_prefix: bool = False):
     """A sentencepiece-style BPE tokenizer as Gemma's (spaces as "▁", byte fallback to <0x00>..<0xFF>, <pad>
     <eos> <bos> <unk> first, <start_of_turn> / <end_of_turn>), trained in code on specstruct.testing's corpus: what
-    llama.cpp's converter writes as a "llama" vocabulary (write_bare_gguf)."""
+    llama.cpp's converter writes as a "llama" vocabulary (write_bare_gguf). `space_prefix`: a "▁" before the text,
+    as Llama 2's and Phi-3's sentencepiece models add (add_dummy_prefix), not Gemma's."""
     from tokenizers import Tokenizer, decoders, models, normalizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -53,7 +58,8 @@ def tiny_spm_tokenizer(vocab_size: int = 300):
 
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
     trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    trained.normalizer = normalizers.Replace(" ", "▁")
+    normalizer = [normalizers.Prepend("▁")] if space_prefix else []
+    trained.normalizer = normalizers.Sequence([*normalizer, normalizers.Replace(" ", "▁")])
     trained.train_from_iterator(_CORPUS * 4, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                                                  show_progress=False))
     model = json.loads(trained.to_str())["model"]
@@ -62,19 +68,20 @@ def tiny_spm_tokenizer(vocab_size: int = 300):
     merges = [tuple(m) if not isinstance(m, str) else tuple(m.split(" ")) for m in model["merges"]]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token="<unk>",
                                byte_fallback=True))
-    tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.normalizer = normalizers.Sequence([*normalizer, normalizers.Replace(" ", "▁")])
+    strip = [decoders.Strip(" ", 1, 0)] if space_prefix else []
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     tok.add_special_tokens(special)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<end_of_turn>",
                                    unk_token="<unk>", pad_token="<pad>")
     fast.chat_template = GEMMA_TEMPLATE
-    fast.name_or_path = f"specstruct-tiny-spm-{vocab_size}"
+    fast.name_or_path = f"specstruct-tiny-spm-{vocab_size}{'-prefix' if space_prefix else ''}"
     return fast
 
 
-def tiny_arch(name: str, tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2):
+def tiny_arch(name: str, tokenizer=None, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4):
     """A random-weight causal LM of ARCHS[name] over `tokenizer` (default specstruct.testing.tiny_tokenizer): 4
-    heads of 16 dimensions (2 for keys and values), norms away from their initial weights, q / k scaled so scores
+    heads of 16 dimensions by default (2 for keys and values), norms away from their initial weights, q / k scaled so scores
     are of order one (windows, caps and rotary angles then change the result) and a decisive LM head."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -86,7 +93,7 @@ def tiny_arch(name: str, tokenizer=None, seed: int = 0, hidden: int = 64, layers
     vocab = len(tokenizer) if model_type == "gemma3_text" else (len(tokenizer) + 7) // 8 * 8 + 8
     config = AutoConfig.for_model(model_type, **{
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": hidden * 2, "num_hidden_layers": layers,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "num_attention_heads": heads, "num_key_value_heads": 2, "max_position_embeddings": 256,
         "tie_word_embeddings": False, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": None, **extra})
     torch.manual_seed(seed)
@@ -136,11 +143,21 @@ def _metadata(writer, cfg, tokenizer, name: str) -> None:
                 math.sqrt(1 + math.log(scale) / math.log(cfg.original_max_position_embeddings)) if scale > 1 else 1.0)
     else:
         if kind != "gemma2":  # TextModel's keys (Gemma2Model writes its own, without the rotary base)
-            if full.get("rope_type") == "linear":
-                from gguf import RopeScalingType
+            from gguf import RopeScalingType
 
+            if full.get("rope_type") == "linear":
                 writer.add_rope_scaling_type(RopeScalingType.LINEAR)
                 writer.add_rope_scaling_factor(full["factor"])
+            elif full.get("rope_type") == "yarn":
+                writer.add_rope_scaling_type(RopeScalingType.YARN)
+                writer.add_rope_scaling_factor(full["factor"])
+                writer.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
+                if full.get("attention_factor") is not None:
+                    writer.add_rope_scaling_yarn_attn_factor(full["attention_factor"])
+                if full.get("beta_fast") is not None:
+                    writer.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
+                if full.get("beta_slow") is not None:
+                    writer.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
             writer.add_rope_freq_base(full["rope_theta"])
             if "sliding_attention" in params:
                 writer.add_rope_freq_base_swa(params["sliding_attention"]["rope_theta"])
@@ -208,5 +225,5 @@ def _sentencepiece(writer, tokenizer, tokens: list[str], vocab_size: int) -> Non
     writer.add_unk_token_id(tokenizer.unk_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
+    writer.add_add_space_prefix('"Prepend"' in tokenizer.backend_tokenizer.to_str())  # add_dummy_prefix
     writer.add_chat_template(tokenizer.chat_template)

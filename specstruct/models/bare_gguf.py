@@ -25,7 +25,7 @@ from specstruct.settings import settings
 
 log = logging.getLogger(__name__)
 MARKER = ".specstruct-metadata"  # written last: its presence means the folder is complete
-VERSION = 2  # of the conversion: a folder an older one wrote is converted again
+VERSION = 3  # of the conversion (3: YaRN read): a folder an older one wrote is converted again
 
 
 def cache_root() -> Path:

@@ -12,8 +12,10 @@ transformers' model computes with:
 - the sliding window (`attention.sliding_window`) and which layers slide (`attention.sliding_window_pattern`, else
   llama.cpp's fixed pattern: every 2nd layer of Gemma 2 is global, every 6th of Gemma 3); Phi-3's window
 - the rotary embedding: its linear scaling (`rope.scaling.type`, `rope.scaling.factor`; Gemma 3: global layers only,
-  the local ones at `rope.freq_base_swa`), Phi-3's rotary width (`rope.dimension_count`: partial_rotary_factor) and
-  its longrope factors (the converter writes them as the tensors rope_factors_long / rope_factors_short)
+  the local ones at `rope.freq_base_swa`), its YaRN scaling (Qwen2.5's and Qwen3's long context: the factor,
+  `rope.scaling.original_context_length`, the `rope.scaling.yarn_*` betas and attention factor), Phi-3's rotary
+  width (`rope.dimension_count`: partial_rotary_factor) and its longrope factors (the converter writes them as the
+  tensors rope_factors_long / rope_factors_short)
 
 Llama 3's rotary scaling ships as a tensor of per-frequency divisors (`rope_freqs.weight`), not as keys:
 runtime.gguf_model applies it to the rotary embedding's frequencies.
@@ -21,6 +23,7 @@ runtime.gguf_model applies it to the rotary embedding's frequencies.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from specstruct.models.gguf_header import Header, read_header
 
@@ -29,7 +32,8 @@ Fields = dict[str, object]  # config fields (JSON values), and the file's metada
 _KEYS = ("attention.key_length", "attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window",
          "attention.sliding_window_pattern", "rope.scaling.type", "rope.scaling.factor", "rope.freq_base",
          "rope.freq_base_swa", "rope.dimension_count", "rope.scaling.original_context_length", "block_count",
-         "embedding_length", "attention.head_count")
+         "embedding_length", "attention.head_count", "context_length", "rope.scaling.attn_factor",
+         "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")
 # llama.cpp's sliding-window pattern where a file states none (src/models/gemma2.cpp, gemma3.cpp), and the layer
 # count of the 27B model whose query scale is 1/sqrt(hidden / heads)
 _GEMMA = {"gemma2": (2, 46), "gemma3": (6, 62)}
@@ -58,12 +62,38 @@ def hparams(path: str | Path) -> Fields:
 
 
 def _rope(meta: Fields, default_theta: float = 10000.0) -> Fields | None:
-    """The rotary parameters for linear scaling (None: none stated: the conversion's default rotary stands)."""
+    """The rotary parameters for linear or YaRN scaling (None: none stated: the conversion's default rotary
+    stands)."""
     kind = meta.get("rope.scaling.type")
-    if kind != "linear" or not meta.get("rope.scaling.factor"):
+    if kind not in ("linear", "yarn") or not meta.get("rope.scaling.factor"):
         return None
-    return {"rope_type": "linear", "factor": float(meta["rope.scaling.factor"]),
-            "rope_theta": float(meta.get("rope.freq_base", default_theta))}
+    rope: Fields = {"rope_type": kind, "factor": float(meta["rope.scaling.factor"]),
+                    "rope_theta": float(meta.get("rope.freq_base", default_theta))}
+    if kind == "yarn":
+        rope.update(_yarn(meta))
+    return rope
+
+
+def _yarn(meta: Fields) -> Fields:
+    """YaRN's parameters in transformers' names. The original context is the training one where the file states
+    none (llama.cpp's n_ctx_orig_yarn). The betas and the attention factor are the model config's own, which the
+    converter writes where the config states them (llama.cpp's Qwen and Llama graphs use the defaults, 32 and 1,
+    the values every Qwen2.5 / Qwen3 config has). Without a stated attention factor the magnitude scale is
+    0.1 ln(factor) + 1 (transformers' and llama.cpp's), times `rope.scaling.attn_factor` where a file states one,
+    as llama.cpp multiplies it. (`yarn_ext_factor`, the ramp's weight, is 1 for every model transformers knows;
+    llama.cpp's graphs for these architectures do not read it.)"""
+    context = meta.get("rope.scaling.original_context_length", meta.get("context_length"))
+    out: Fields = {"original_max_position_embeddings": int(context) if context else None}
+    for key, field in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(f"rope.scaling.{key}"):
+            out[field] = float(meta[f"rope.scaling.{key}"])
+    factor = float(meta["rope.scaling.factor"])
+    extra = float(meta.get("rope.scaling.attn_factor", 1.0))
+    if meta.get("rope.scaling.yarn_attn_factor") is not None:
+        out["attention_factor"] = float(meta["rope.scaling.yarn_attn_factor"])
+    elif extra != 1.0:
+        out["attention_factor"] = (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0) * extra
+    return out
 
 
 def _gemma(arch: str, meta: Fields) -> Fields:

@@ -1,6 +1,6 @@
 """models/gguf_hparams.py on the keys llama.cpp reads and the tiny files of test_architectures_gguf do not carry:
-the 27B Gemmas' query scale, a Gemma 3 without a window, a per-layer window pattern, linear rope scaling, an
-architecture with nothing missing. The files hold metadata only (gguf's GGUFWriter)."""
+the 27B Gemmas' query scale, a Gemma 3 without a window, a per-layer window pattern, linear rope scaling, YaRN's keys
+in each form a file has them, an architecture with nothing missing. The files hold metadata only (gguf's GGUFWriter)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,35 @@ def test_linear_rope_scaling_is_kept_and_an_architecture_with_nothing_missing_ge
     assert got == {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}}
     assert hparams(_file(tmp_path / "plain.gguf", "qwen2")) == {}
     assert hparams(_file(tmp_path / "other.gguf", "starcoder2")) == {}
+
+
+def test_yarn_scaling_is_read_as_qwen_files_carry_it(tmp_path):
+    """Qwen2.5's long-context files: the type, factor and original context (the betas and attention factor left
+    to transformers' defaults, 32, 1 and 0.1 ln(factor) + 1, which are llama.cpp's)."""
+    got = hparams(_file(tmp_path / "q.gguf", "qwen2", **{
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32768,
+        "rope.freq_base": 1000000.0, "context_length": 131072}))
+    assert got == {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
+                                       "original_max_position_embeddings": 32768}}
+
+
+def test_yarn_betas_and_attention_factor_where_the_converter_wrote_them(tmp_path):
+    got = hparams(_file(tmp_path / "q3.gguf", "qwen3", **{
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 2.0, "rope.scaling.original_context_length": 4096,
+        "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0,
+        "rope.scaling.yarn_attn_factor": 0.5, "attention.key_length": 128}))["rope_parameters"]
+    assert got == {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+                   "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 0.5}
+
+
+def test_yarn_without_an_original_context_uses_the_training_one_and_attn_factor_multiplies(tmp_path):
+    """llama.cpp: n_ctx_orig_yarn defaults to the training context; `rope.scaling.attn_factor` multiplies YaRN's
+    own magnitude scale."""
+    import math
+
+    got = hparams(_file(tmp_path / "l.gguf", "llama", **{
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "context_length": 8192,
+        "rope.scaling.attn_factor": 0.5}))["rope_parameters"]
+    assert got["original_max_position_embeddings"] == 8192
+    assert got["attention_factor"] == pytest.approx((0.1 * math.log(4.0) + 1.0) * 0.5)
+    assert hparams(_file(tmp_path / "one.gguf", "qwen2", **{"rope.scaling.type": "yarn"})) == {}  # no factor: none

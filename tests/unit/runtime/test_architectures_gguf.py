@@ -4,7 +4,9 @@ norms plus one, Llama 3's rope_freqs, a tokenizer and chat template in the metad
 path (SpecStruct.from_pretrained on the bare file) and compared with transformers' float model of the de-quantized
 weights, with each trait on where the file can carry it: Gemma's sliding window shorter than the prompt and Gemma 2's
 soft-caps, Gemma 3's scaled global rotary, Qwen3's q/k norms and head dimension, Phi-3's fused projections, window
-and partial rotary, Llama 3's rotary scaling."""
+and partial rotary, Llama 3's rotary scaling, Qwen2.5's YaRN. Each architecture runs twice on the fused path: in
+Q8_0, and in a K-quant mix of random valid blocks (MIXES) against the float model of those blocks' de-quantized
+values."""
 
 from __future__ import annotations
 
@@ -130,6 +132,58 @@ def test_the_engine_computes_what_transformers_does_on_the_fused_row_invariant_p
     """Q8_0 blocks with int8 activations per group: logits at every prompt position within that rounding, the greedy
     next token the float model's wherever its choice is decisive, through transformers' own layers never."""
     name, want_model, _, _, _, _ = case
+    _fused_logits_match(name, engine, want_model, monkeypatch)
+
+
+def test_greedy_speculative_equals_target_only_on_json(case, engine):
+    """The bench's guarantee on each architecture: JSON-constrained greedy output with the draft == the target's
+    alone, token for token; the result names the row-invariant fused path."""
+    _speculative_equals_target_only(case[0], engine)
+
+
+# Each architecture in a K-quant (IQ4_XS counted) with its ffn_down tensors in a second format, as llama.cpp's mixes
+# hold a file (Q4_K_M: Q6_K there): every format the kernel computes appears at least once.
+MIXES = {"qwen2": ("Q4_K", "Q6_K"), "qwen2-yarn": ("Q6_K", "Q4_K"), "llama3": ("Q5_K", "Q4_0"),
+         "mistral": ("Q6_K", "Q4_1"), "qwen3": ("Q3_K", "Q5_0"), "gemma2": ("Q2_K", "Q5_1"),
+         "gemma3": ("IQ4_XS", "IQ4_NL"), "phi3": ("Q4_K", "Q8_0"), "phi3-longrope": ("Q5_K", "Q3_K")}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def kquant(request, tmp_path_factory, cache):
+    """(name, the float model the file stands for, an engine on the file with a Q8_0 draft). The weights are random
+    valid blocks (gguf-py quantizes to none of these formats) of 256 inputs a row or a multiple: a super-block."""
+    if fused_layer._KERNEL.load() is None:
+        pytest.skip(fused_layer._KERNEL.error)
+    name = request.param
+    main, down = MIXES[name]
+    tok = tiny_spm_tokenizer() if name.startswith("gemma") else tiny_tokenizer()
+    folder = tmp_path_factory.mktemp(f"{name}-{main}")
+    path, draft = folder / f"Tiny-{name}-{main}.gguf", folder / "draft.gguf"
+    stands_for = write_bare_gguf(tiny_arch(name, tok, hidden=256, heads=16), tok, path,
+                                 lambda tensor: down if ".ffn_down." in tensor else main, name=f"Tiny {name}")
+    write_bare_gguf(perturbed(stands_for, noise=0.05), tok, draft, "Q8_0", name=f"Tiny {name} draft")
+    with ss.SpecStruct.from_pretrained(str(path), draft=str(draft), config=SpecConfig(max_new_tokens=24)) as eng:
+        yield name, stands_for, eng
+
+
+def test_a_k_quant_file_keeps_its_blocks_and_computes_the_float_models_logits(kquant, monkeypatch):
+    """The file's K-quant (and its second format) kept as blocks, every layer fused and row-invariant; logits within
+    int8 activation rounding of transformers' float model of `gguf.quants.dequantize` of the same bytes."""
+    name, want_model, engine = kquant
+    for fmt in MIXES[name]:
+        assert f"{fmt} x" in engine.numerics, (name, engine.numerics)
+    _fused_logits_match(name, engine, want_model, monkeypatch)
+
+
+def test_a_k_quant_file_drafts_to_the_same_json_as_its_target_alone(kquant):
+    _speculative_equals_target_only(kquant[0], kquant[2])
+
+
+def _fused_logits_match(name: str, engine, want_model, monkeypatch) -> None:
+    """Every decoder layer on the fused path (transformers' own layer raises if it runs), the logits at every
+    prompt position within 4% of the float model's (relative norm: int8 activations per group of 16 or 32 inputs
+    round each product by about 1%, test_quantized), the greedy token the float model's wherever its margin is
+    over 4x the largest logit difference."""
     assert "row-invariant" in engine.numerics and "fused decoder layers" in engine.numerics, engine.numerics
     runtime = engine.runtime
     layers = runtime.model.model.layers
@@ -154,9 +208,9 @@ def test_the_engine_computes_what_transformers_does_on_the_fused_row_invariant_p
     assert decisive >= len(PROMPTS)
 
 
-def test_greedy_speculative_equals_target_only_on_json(case, engine):
-    """The bench's guarantee on each architecture: JSON-constrained greedy output with the draft == the target's
-    alone, token for token; the result names the row-invariant fused path."""
+def _speculative_equals_target_only(name: str, engine) -> None:
+    """JSON-constrained greedy output with the draft == the target's alone, token for token, on two prompts; the
+    result names the row-invariant fused path."""
     spec = ConstraintSpec("json", json.dumps(PERSON))
     constraint = compile_constraint(spec, engine.tokenizer, vocab_size=engine.runtime.vocab_size,
                                     eos_token_ids=engine.eos_token_ids)
@@ -165,8 +219,26 @@ def test_greedy_speculative_equals_target_only_on_json(case, engine):
         ids = engine.prompt_ids(text)
         rows = [run_alone(engine.speculator.row(ids, constraint.fork(), SpecConfig(
             enable_speculative=speculative, max_new_tokens=24))) for speculative in (False, True)]
-        assert rows[1].token_ids == rows[0].token_ids, (case[0], text)
+        assert rows[1].token_ids == rows[0].token_ids, (name, text)
         drafted += rows[1].stats.drafted
     assert drafted > 0
     result = engine.run(PROMPTS[0], max_new_tokens=4)
     assert "row-invariant" in result.stats.numerics and "fused decoder layers" in result.stats.numerics
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma2"])
+def test_a_sentencepiece_vocabulary_reads_back_as_the_tokenizer_it_was_written_from(name, tmp_path, cache):
+    """A "llama" (sentencepiece) vocabulary as Phi-3's files (a "▁" before the text: add_space_prefix) and Gemma's
+    (none) carry it, with tokens, scores, types and byte pieces: the tokenizer transformers' GGUF conversion builds
+    from the metadata gives the source tokenizer's ids, text outside the vocabulary through its <0x..> byte pieces,
+    <bos> first as the file asks, and decodes back to the text."""
+    source = tiny_spm_tokenizer(space_prefix=name == "phi3")
+    path = tmp_path / f"Tiny-{name}-spm.gguf"
+    write_bare_gguf(tiny_arch(name, source), source, path, "Q8_0")
+    _, tokenizer = load_model(str(path))
+    for text in [*PROMPTS, "naïve café ☃ 東京", "  two  spaces,\ta tab\n\nand lines "]:
+        want = source.encode(text, add_special_tokens=False)
+        assert tokenizer.encode(text, add_special_tokens=False) == want, text
+        assert tokenizer.encode(text) == [source.bos_token_id, *want], text
+        assert tokenizer.decode(want) == text
+    assert "<0xE2>" in source.convert_ids_to_tokens(source.encode("☃", add_special_tokens=False))
