@@ -452,7 +452,8 @@ static inline void amx_group(const int32_t* __restrict d, const float* __restric
 // A block of 16 rows (the first R real) against one unpacked panel. q: the block's activations group-major (row r's
 // group g at (g * 16 + r) * G), s and fa likewise (g * 16 + r). Four groups in flight: the tile unit computes the
 // next three while the vector unit finishes one (a tile's product and store take several times the vector work's
-// latency).
+// latency). A group's product is stored one group ahead of its float operations, not with its product: the vector
+// loads of a group's sums then follow no store whose product is still being computed.
 template <int G, bool AFFINE>
 static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb, const float* __restrict mvb,
                       int64_t ng, const int8_t* __restrict q, const float* __restrict s, const float* __restrict fa,
@@ -462,34 +463,44 @@ static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb,
   __m512 acc[AMX_ROWS];
 #pragma GCC unroll 16
   for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
-  // group g: D in tile g % 4 (stored to d[g % 4]), activations and weights in tiles 4 + g % 2 and 6 + g % 2
-#define ISSUE(c, ta, tb, g)                                      \
+  // group g: D in tile g % 4 (computed three groups ahead, stored to d[g % 4] one group ahead), activations and
+  // weights in tiles 4 + g % 2 and 6 + g % 2
+#define COMPUTE(c, ta, tb, g)                                    \
   do {                                                           \
     if ((g) < ng) {                                              \
       TILE_LOAD(ta, q + (g) * AMX_ROWS * G, G);                  \
       TILE_LOAD(tb, wb + (g) * QUADS * 64, 64);                  \
       TILE_ZERO(c);                                              \
       TILE_DPBSUD(c, ta, tb);                                    \
-      TILE_STORE(c, d[c], 64);                                   \
     }                                                            \
+  } while (0)
+#define STORE(c, g)                                              \
+  do {                                                           \
+    if ((g) < ng) TILE_STORE(c, d[c], 64);                       \
   } while (0)
   auto group = [&](int64_t g) {
     if (g < ng) amx_group<AFFINE>(d[g % 4], dvb + g * NO, mvb + g * NO, s + g * AMX_ROWS, fa + g * AMX_ROWS, acc);
   };
-  ISSUE(0, 4, 6, 0);
-  ISSUE(1, 5, 7, 1);
-  ISSUE(2, 4, 6, 2);
-  for (int64_t g = 0; g < ng; g += 4) {  // three groups ahead of the one the vector unit finishes
-    ISSUE(3, 5, 7, g + 3);
+  COMPUTE(0, 4, 6, 0);
+  COMPUTE(1, 5, 7, 1);
+  COMPUTE(2, 4, 6, 2);
+  STORE(0, 0);
+  for (int64_t g = 0; g < ng; g += 4) {
+    COMPUTE(3, 5, 7, g + 3);
+    STORE(1, g + 1);
     group(g);
-    ISSUE(0, 4, 6, g + 4);
+    COMPUTE(0, 4, 6, g + 4);
+    STORE(2, g + 2);
     group(g + 1);
-    ISSUE(1, 5, 7, g + 5);
+    COMPUTE(1, 5, 7, g + 5);
+    STORE(3, g + 3);
     group(g + 2);
-    ISSUE(2, 4, 6, g + 6);
+    COMPUTE(2, 4, 6, g + 6);
+    STORE(0, g + 4);
     group(g + 3);
   }
-#undef ISSUE
+#undef COMPUTE
+#undef STORE
   const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
 #pragma GCC unroll 16
   for (int r = 0; r < AMX_ROWS; ++r)
