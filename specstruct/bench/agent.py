@@ -19,10 +19,14 @@ scenario would measure no tool calls. llama-server (its `--jinja` chat handling,
 grammar from the model's template for "required" too, but lets free text come before the first `<tool_call>`: a
 model that does not write that token on its own writes prose until `max_tokens` cuts it, a turn without a call.
 
-    specstruct   `engine.run(messages, tools=TOOLS)`: the tool-call grammar, speculation on, the prefix cache on
+    specstruct   `engine.run(messages, tools=TOOLS, tool_choice=...)`: the tool-call grammar, speculation on, the
+                 prefix cache on
     target-only  the same with speculation off (`--baselines specstruct`): its replies must be identical
-    llama.cpp    llama-server's `/v1/chat/completions` with the same messages and `tools` (its own chat template
-                 and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
+    llama.cpp    llama-server's `/v1/chat/completions` with the same messages, `tools` and `tool_choice` (its own
+                 chat template and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
+
+(A tool_choice naming one function would pin the order lookup, but llama-server takes only "auto", "required" and
+"none", so the model picks the tool on both sides.)
 
 Every call of every side is checked: it names a bound tool and its arguments match that tool's schema, and a
 "required" turn has at least one. Reported per turn and in total: the tool_choice, seconds, prompt tokens (and
