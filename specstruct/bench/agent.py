@@ -5,17 +5,33 @@ API with `tools=`, each turn measured on every side.
 
 An episode starts from a customer's request. Each turn sends the same system prompt and tools and the history so
 far; the reply's tool calls are run against the shop's records and their results appended, and the loop goes on
-until a reply calls no tool (or `max_turns`). specstruct (speculation on) drives the loop: its replies make the
-history, so every side gets the same turns, with the prompt cache on, as an agent runs:
+until a reply calls no tool (or `max_turns`, 4). specstruct (speculation on) drives the loop: its replies make the
+history, so every side gets the same turns, with the prompt cache on, as an agent runs.
 
-    specstruct   `engine.run(messages, tools=TOOLS)`: the tool-call grammar, speculation on, the prefix cache on
+Each turn has a `tool_choice`, the same on every side, as agent frameworks set it: "required" on the opening turns
+the playbook says must act (agent_tasks.FORCED_TURNS: the order lookup first, then tracking, a refund and its email,
+the stock or the policy, one to three turns by request), "auto" after them, where the agent answers the customer.
+That is OpenAI's `tool_choice="required"` (LangChain's `bind_tools(tool_choice="any")`, the OpenAI Agents SDK's
+`ModelSettings(tool_choice="required")`, which hands back "auto" once a tool ran, so the loop can end) on the steps a
+workflow agent must take, with the model choosing which tool and its arguments. Left on "auto" throughout, a small
+model answers in prose that names the tool instead of calling it (Qwen2.5-Coder 1.5B does, on both sides), and the
+scenario would measure no tool calls. llama-server (its `--jinja` chat handling, on by default) builds a tool-call
+grammar from the model's template for "required" too, but lets free text come before the first `<tool_call>`: a
+model that does not write that token on its own writes prose until `max_tokens` cuts it, a turn without a call.
+
+    specstruct   `engine.run(messages, tools=TOOLS, tool_choice=...)`: the tool-call grammar, speculation on, the
+                 prefix cache on
     target-only  the same with speculation off (`--baselines specstruct`): its replies must be identical
-    llama.cpp    llama-server's `/v1/chat/completions` with the same messages and `tools` (its own chat template
-                 and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
+    llama.cpp    llama-server's `/v1/chat/completions` with the same messages, `tools` and `tool_choice` (its own
+                 chat template and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
 
-Every call of every side is checked: it names a bound tool and its arguments match that tool's schema. Reported per
-turn and in total: seconds, prompt tokens (and those served by the cache), new tokens, the calls, whether they are
-valid, and whether llama.cpp's calls agree with specstruct's.
+(A tool_choice naming one function would pin the order lookup, but llama-server takes only "auto", "required" and
+"none", so the model picks the tool on both sides.)
+
+Every call of every side is checked: it names a bound tool and its arguments match that tool's schema, and a
+"required" turn has at least one. Reported per turn and in total: the tool_choice, seconds, prompt tokens (and
+those served by the cache), new tokens, the calls, whether they are valid, and whether llama.cpp's calls agree with
+specstruct's.
 """
 
 from __future__ import annotations
@@ -24,12 +40,13 @@ import json
 import time
 from typing import Any, Callable, Sequence
 
-from specstruct.bench.agent_tasks import JSON, REQUESTS, SYSTEM, TOOLS, call_tool
+from specstruct.bench.agent_tasks import JSON, REQUESTS, SYSTEM, TOOLS, call_tool, tool_choice
 from specstruct.bench.measure import Settings
 
 Progress = Callable[[int, int, str], None] | None
 SPEC, TARGET_ONLY, LLAMA = "specstruct", "target-only", "llama.cpp"
 WARM_UP = [{"role": "user", "content": "Hello!"}]
+CHOICES = ("auto", "required")  # the tool_choice values the episodes use (each side warms up both)
 
 
 def check_calls(calls: Sequence[JSON], tools: Sequence[JSON] = TOOLS) -> str:
@@ -50,6 +67,14 @@ def check_calls(calls: Sequence[JSON], tools: Sequence[JSON] = TOOLS) -> str:
     return ""
 
 
+def check_turn(calls: Sequence[JSON], choice: str, tools: Sequence[JSON] = TOOLS) -> str:
+    """Why a turn's `calls` are not valid under its tool_choice ("" when they are): `check_calls`, and a "required"
+    turn must call a tool."""
+    if choice == "required" and not calls:
+        return 'no tool call on a turn with tool_choice "required"'
+    return check_calls(calls, tools)
+
+
 def _plain_calls(calls: Sequence[JSON]) -> list[JSON]:
     return [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
 
@@ -65,14 +90,15 @@ class SpecStructAgent:
     def numerics(self) -> str:
         return str(getattr(self.engine, "numerics", ""))
 
-    def turn(self, messages: list[JSON]) -> JSON:
+    def turn(self, messages: list[JSON], choice: str = "auto") -> JSON:
         from specstruct.errors import IncompleteOutputError
 
         s = self.settings
         start = time.perf_counter()
         try:
-            res = self.engine.run(messages, tools=TOOLS, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                  top_p=s.top_p, seed=s.seed, cache_salt=self.name, config=self.config)
+            res = self.engine.run(messages, tools=TOOLS, tool_choice=choice, max_new_tokens=s.max_new_tokens,
+                                  temperature=s.temperature, top_p=s.top_p, seed=s.seed, cache_salt=self.name,
+                                  config=self.config)
             seconds = time.perf_counter() - start
             reply, stats, ids, finish = res.value, res.stats, list(res.token_ids), res.finish_reason
             content, calls = reply.content, list(reply.tool_calls)
@@ -84,19 +110,21 @@ class SpecStructAgent:
                     cached_prompt_tokens=getattr(stats, "cached_prompt_tokens", None),
                     prefill_s=getattr(stats, "prefill_s", None), finish_reason=finish,
                     tokens_per_forward=getattr(stats, "tokens_per_forward", None),
-                    cut=finish == "length", error=check_calls(calls))
+                    cut=finish == "length", error=check_turn(calls, choice))
 
     def warm_up(self) -> None:
-        """An untimed call (kernels, the tool grammar); then an empty prefix cache, as a fresh agent starts."""
-        _quiet_run(self.engine, WARM_UP, self.config)
+        """Untimed calls (kernels, the tool grammar of each tool_choice); then an empty prefix cache, as a fresh agent
+        starts."""
+        for choice in CHOICES:
+            _quiet_run(self.engine, WARM_UP, self.config, choice)
         self.engine.clear_cache()
 
 
-def _quiet_run(engine: Any, messages: list[JSON], config: Any) -> None:
+def _quiet_run(engine: Any, messages: list[JSON], config: Any, choice: str) -> None:
     from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
     try:
-        engine.run(messages, tools=TOOLS, max_new_tokens=4, config=config)
+        engine.run(messages, tools=TOOLS, tool_choice=choice, max_new_tokens=4, config=config)
     except (IncompleteOutputError, ValidationRetryError):
         pass
 
@@ -116,19 +144,19 @@ def openai_messages(messages: Sequence[JSON]) -> list[JSON]:
     return out
 
 
-def chat_body(messages: Sequence[JSON], settings: Settings) -> JSON:
-    """llama-server's `/v1/chat/completions` body for one turn: the same messages and tools, greedy or sampled as the
-    other sides, its prompt cache on (an agent's server keeps it on)."""
-    return {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": "auto",
+def chat_body(messages: Sequence[JSON], settings: Settings, choice: str = "auto") -> JSON:
+    """llama-server's `/v1/chat/completions` body for one turn: the same messages, tools and tool_choice, greedy or
+    sampled as the other sides, its prompt cache on (an agent's server keeps it on)."""
+    return {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": choice,
             "max_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "seed": settings.seed, "cache_prompt": True, "parallel_tool_calls": True}
 
 
-def parse_chat_reply(data: JSON) -> JSON:
+def parse_chat_reply(data: JSON, choice: str = "auto") -> JSON:
     """A `/v1/chat/completions` reply -> content, calls (arguments parsed from their JSON strings), token counts,
-    prefill time, whether max_tokens cut it, and why the calls are not valid ("" when they are)."""
-    choice = data["choices"][0]
-    message = choice.get("message") or {}
+    prefill time, whether max_tokens cut it, and why the calls are not valid under `choice` ("" when they are)."""
+    first = data["choices"][0]
+    message = first.get("message") or {}
     calls, error = [], ""
     for c in message.get("tool_calls") or []:
         fn = c.get("function") or {}
@@ -144,8 +172,8 @@ def parse_chat_reply(data: JSON) -> JSON:
                 cached_prompt_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens",
                                                                                     timings.get("cache_n")),
                 prefill_s=prompt_ms / 1000 if prompt_ms is not None else None,
-                finish_reason=choice.get("finish_reason"), cut=choice.get("finish_reason") == "length",
-                error=error or check_calls(calls))
+                finish_reason=first.get("finish_reason"), cut=first.get("finish_reason") == "length",
+                error=error or check_turn(calls, choice))
 
 
 class LlamaAgent:
@@ -159,18 +187,18 @@ class LlamaAgent:
     def numerics(self) -> str:
         return self.server.numerics()
 
-    def turn(self, messages: list[JSON]) -> JSON:
+    def turn(self, messages: list[JSON], choice: str = "auto") -> JSON:
         import httpx
 
         start = time.perf_counter()
-        resp = httpx.post(self.server.url + "/v1/chat/completions", json=chat_body(messages, self.settings),
+        resp = httpx.post(self.server.url + "/v1/chat/completions", json=chat_body(messages, self.settings, choice),
                           timeout=1800.0)
         seconds = time.perf_counter() - start
         if resp.status_code != 200:
             return dict(seconds=seconds, content="", calls=[], new_tokens=0, prompt_tokens=None,
                         cached_prompt_tokens=None, prefill_s=None, finish_reason=None, cut=False,
                         error=f"llama-server answered {resp.status_code}: {resp.text[:200]}")
-        return dict(parse_chat_reply(resp.json()), seconds=seconds)
+        return dict(parse_chat_reply(resp.json(), choice), seconds=seconds)
 
     def warm_up(self) -> None:
         self.server.start()
@@ -194,19 +222,23 @@ def tool_messages(reply: JSON) -> list[JSON]:
             for i, c in enumerate(reply["calls"])]
 
 
-def run_episode(request: str, sides: JSON, max_turns: int, episode: int = 0,
-                progress: Progress = None) -> list[JSON]:
+def run_episode(request: str, sides: JSON, max_turns: int, episode: int = 0, progress: Progress = None,
+                choices: Callable[[int], str] | None = None) -> list[JSON]:
     """One customer request to the end of the loop. specstruct's replies make the history; every side answers each
-    turn's history (the order of the sides alternates turn by turn). Returns one record per turn."""
+    turn's history with the turn's tool_choice, `choices(turn)` (turns from 0; by default the playbook's,
+    agent_tasks.tool_choice), the order of the sides alternating turn by turn. Returns one record per turn."""
+    choices = choices or (lambda k: tool_choice(episode, k))
     messages: list[JSON] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
     turns = []
     for k in range(max_turns):
         order = list(sides) if k % 2 == 0 else list(sides)[::-1]
-        record: JSON = {"episode": episode, "turn": k + 1, "messages": len(messages), "sides": {}}
+        choice = choices(k)
+        record: JSON = {"episode": episode, "turn": k + 1, "tool_choice": choice, "messages": len(messages),
+                        "sides": {}}
         for name in order:
             if progress:
-                progress(k, max_turns, f"episode {episode + 1}, turn {k + 1}: {name}")
-            record["sides"][name] = sides[name].turn(messages)
+                progress(k, max_turns, f"episode {episode + 1}, turn {k + 1} ({choice}): {name}")
+            record["sides"][name] = sides[name].turn(messages, choice)
         spec = record["sides"][SPEC]
         if TARGET_ONLY in record["sides"]:
             record["identical"] = record["sides"][TARGET_ONLY].get("token_ids") == spec["token_ids"]
@@ -240,9 +272,11 @@ def summarize(turns: list[JSON], names: Sequence[str]) -> JSON:
 
 
 def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str] = (), llama: Any = None,
-              settings: Settings | None = None, max_turns: int = 6, progress: Progress = None) -> JSON:
+              settings: Settings | None = None, max_turns: int = 4, progress: Progress = None,
+              choices: Callable[[int, int], str] = tool_choice) -> JSON:
     """The agent scenario on `engine`: the first `limit` customer requests (all six by default). `baselines` may
-    hold "specstruct" (the target-only side) and "llama.cpp" (then `llama` is a LlamaCppSide)."""
+    hold "specstruct" (the target-only side) and "llama.cpp" (then `llama` is a LlamaCppSide). `choices(episode,
+    turn)` is each turn's tool_choice (the playbook's by default)."""
     settings = settings or Settings(max_new_tokens=256)
     sides: JSON = {SPEC: SpecStructAgent(SPEC, engine, True, settings)}
     if "specstruct" in baselines:
@@ -256,7 +290,7 @@ def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str]
             side.warm_up()
         turns = []
         for i, request in enumerate(REQUESTS[:limit]):
-            turns += run_episode(request, sides, max_turns, i, progress)
+            turns += run_episode(request, sides, max_turns, i, progress, lambda k, i=i: choices(i, k))
     finally:
         if llama is not None:
             llama.close()
@@ -280,16 +314,17 @@ def markdown(res: JSON) -> str:
     names, s = res["sides"], res["summary"]
     head = " | ".join(f"{n}, s" for n in names)
     lines = [f"Model: {res['model']}; {s['episodes']} episodes, {s['turns']} turns; prompt caches on every side.", "",
-             f"| episode | turn | prompt tokens (cached) | {head} | specstruct's calls | valid |",
-             "|---|---|---|" + "---|" * len(names) + "---|---|"]
+             f"| episode | turn | tool_choice | prompt tokens (cached) | {head} | specstruct's calls | valid |",
+             "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
     for t in res["turns"]:
         spec = t["sides"][SPEC]
         seconds = " | ".join(f"{t['sides'][n]['seconds']:.2f}" for n in names)
         valid = ", ".join(f"{n}: {_validity(t['sides'][n])}" for n in names)
-        lines.append(f"| {t['episode'] + 1} | {t['turn']} | {spec['prompt_tokens']} ({spec['cached_prompt_tokens']}) "
+        lines.append(f"| {t['episode'] + 1} | {t['turn']} | {t.get('tool_choice', 'auto')} "
+                     f"| {spec['prompt_tokens']} ({spec['cached_prompt_tokens']}) "
                      f"| {seconds} | {_calls_text(spec)} | {valid} |")
     total = " | ".join(f"**{s[n]['seconds']:.2f}**" for n in names)
-    lines.append(f"| all | {s['turns']} | | {total} | | |")
+    lines.append(f"| all | {s['turns']} | | | {total} | | |")
     lines += ["", "| side | seconds | new tokens | tool calls | turns with valid calls | cut by max tokens | "
                   "vs specstruct |", "|---|---|---|---|---|---|---|"]
     for n in names:

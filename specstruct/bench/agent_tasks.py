@@ -4,7 +4,8 @@ tools answer from, and the customers' requests that start each episode.
 Every turn of every episode sends the same system prompt and tools; later turns repeat the earlier ones and add the
 tool results, as an agent loop does. The tools answer deterministically from the records below (an unknown id gets an
 error result, as a real backend would answer), so a run is reproducible and both sides of the benchmark see the same
-turns.
+turns. `tool_choice(episode, turn)` is each turn's tool_choice: "required" on the turns the playbook must act on
+(agent.py says why), "auto" after them.
 
     result = call_tool("lookup_order", {"order_id": "A-10442"})
 """
@@ -110,6 +111,18 @@ REQUESTS = [
     "Can I still cancel order A-10601? I found a grinder locally.",
     "I opened a bag of your Ethiopia beans and don't like the taste. Can I return it?",
 ]
+
+# How many opening turns of each request the playbook says must act (a tool call, tool_choice "required"), as the
+# rules above lay them out: the order first, then tracking (a late parcel), a refund and its confirmation email (a
+# damaged item, a double charge), the stock (a product question) or the policy (a cancellation, a return). The
+# model picks which tool; the turns after these are "auto", where it answers the customer.
+FORCED_TURNS = [2, 3, 1, 3, 2, 1]
+
+
+def tool_choice(episode: int, turn: int) -> str:
+    """The `tool_choice` of an episode's turn (both from 0): "required" while the playbook needs an action, then
+    "auto"."""
+    return "required" if turn < FORCED_TURNS[episode % len(FORCED_TURNS)] else "auto"
 
 
 def lookup_order(order_id: str) -> JSON:

@@ -93,7 +93,8 @@ def _progress_display() -> tuple[Any, Any]:
 @app.callback(invoke_without_command=True)
 def main(
     scenario: str = typer.Option("all", "--scenario", help="json | code | prose | all | document (typed extraction "
-                                 "from 1,000-3,000-token documents) | agent (a multi-turn tool-calling loop) | "
+                                 "from 1,000-3,000-token documents) | agent (a multi-turn tool-calling loop: tool_choice "
+                                 "'required' on the opening actions, then 'auto'; the same on every side) | "
                                  "pipeline | batch (concurrent extraction requests through the scheduler); the last "
                                  "four are not part of all"),
     concurrency: Optional[str] = typer.Option(None, "--concurrency", help="--scenario batch: requests arriving at "
