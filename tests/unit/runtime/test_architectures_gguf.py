@@ -242,3 +242,17 @@ def test_a_sentencepiece_vocabulary_reads_back_as_the_tokenizer_it_was_written_f
         assert tokenizer.encode(text) == [source.bos_token_id, *want], text
         assert tokenizer.decode(want) == text
     assert "<0xE2>" in source.convert_ids_to_tokens(source.encode("☃", add_special_tokens=False))
+
+
+@torch.inference_mode()
+def test_a_llama_file_named_mistral_loads_as_mistral_with_its_blocks(tmp_path, cache):
+    """llama.cpp writes Mistral as "llama"; transformers' GGUF config turns a file whose general.name is exactly
+    "mistral" into model type "mistral", which gguf-py's tensor map does not name: the blocks are still matched as
+    llama's, and the logits are the model's."""
+    tok = tiny_tokenizer()
+    path = tmp_path / "mistral.gguf"
+    want = write_bare_gguf(tiny_arch("mistral", tok), tok, path, "F16", name="mistral")
+    model, tokenizer = load_model(str(path))
+    assert model.config.model_type == "mistral"
+    ids = torch.tensor([tokenizer.encode(PROMPTS[0])])
+    torch.testing.assert_close(model(input_ids=ids).logits, want(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

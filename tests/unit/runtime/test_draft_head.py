@@ -49,12 +49,14 @@ def test_refuses_a_head_it_cannot_restrict(close_draft, q8_draft):
 @pytest.mark.parametrize("kind", ["text", "json"])
 def test_speculative_output_with_a_restricted_draft_equals_target_only(tok, target, q8_draft, kind):
     from specstruct.spec.speculator import Speculator
-    from specstruct.testing import run_alone
+    from specstruct.testing import draft_first, run_alone
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
     spec = ConstraintSpec(kind, json.dumps(schema) if kind == "json" else None)
-    eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=HeadRestricted(ModelRuntime(q8_draft), TOKENS))
+    # the draft model tried whatever this machine's costs say (the policy's trial gate would rule it out on timing)
+    eng = draft_first(Speculator(ModelRuntime(target), tok, [tok.eos_token_id],
+                                 draft=HeadRestricted(ModelRuntime(q8_draft), TOKENS)))
     constraint = compile_constraint(spec, tok, vocab_size=eng.target.vocab_size, eos_token_ids=[tok.eos_token_id])
     only = dict(use_forced_text=False, use_prompt_lookup=False, use_suffix_index=False, use_structure_guesses=False)
     drafted = 0
