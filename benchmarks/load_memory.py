@@ -4,7 +4,9 @@
 
 Loads the engine in a fresh process and prints, from /proc/self/status (Linux), the resident memory split into
 anonymous memory (what the machine cannot reclaim) and file pages (a weights file still mapped), the peak while
-loading (VmHWM), and the bytes of the models' own tensors for comparison.
+loading (VmHWM), and the bytes of the models' own tensors for comparison. `imports_mib` is the process after
+importing Python's side of it (torch, transformers, the runtime; no model), so `loaded - imports` is what the models,
+their tokenizer and the constraint tables hold; `target_file_mib` is the target's GGUF file for comparison.
 """
 
 from __future__ import annotations
@@ -46,9 +48,23 @@ def main(argv: list[str] | None = None) -> dict:
     import specstruct as ss
 
     before = status_mib()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import specstruct.engine.core  # noqa: F401
+    import specstruct.runtime.gguf_model  # noqa: F401
+    import specstruct.runtime.model_runtime  # noqa: F401
+    from specstruct.models.loading import gguf_file, resolve
+
+    imports = status_mib()
+    target_file = gguf_file(resolve(args.model))
     engine = ss.SpecStruct.from_pretrained(args.model, draft=args.draft or None)
+    loaded = status_mib()
+    file_mib = round(target_file.stat().st_size / 2**20, 1) if target_file is not None else None
     report = {"model": args.model, "draft": args.draft or None, "numerics": engine.numerics,
-              "before_load_mib": before, "loaded_mib": status_mib(),
+              "before_load_mib": before, "imports_mib": imports, "loaded_mib": loaded, "target_file_mib": file_mib,
+              "loaded_minus_imports_over_file": round((loaded["VmRSS"] - imports["VmRSS"]) / file_mib, 3)
+              if file_mib and loaded and imports else None,
               "model_tensors_mib": {"target": tensor_mib(engine.model), "draft": tensor_mib(engine.draft_model)}}
     print(json.dumps(report, indent=2))
     return report
