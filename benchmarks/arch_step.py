@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.step_cost import measure
 from specstruct.testing import OneSequence
 
 ARCHS = ["qwen2", "llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
@@ -73,21 +73,6 @@ def load(name: str, hidden: int, layers: int, folder: Path) -> tuple[OneSequence
     return rt, layer_parameters(model), rt.runtime.numerics
 
 
-def one_round(rt: OneSequence, ks: list[int], cache: int, repeats: int) -> dict[int, float]:
-    seq = rt.sequence()
-    rt.forward([(seq, list(range(10, 10 + cache)))], [1])
-    out = {}
-    for k in ks:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            rt.forward([(seq, list(range(20, 20 + k)))], [k])
-            times.append(time.perf_counter() - t0)
-            seq.crop(cache)
-        out[k] = statistics.median(times) * 1e3
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archs", default=",".join(ARCHS), help="comma-separated, from: " + ", ".join(ARCHS))
@@ -110,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{n}: {params / 1e6:.1f} M layer parameters; {numerics}", flush=True)
         for r in range(a.rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
-                runs[n].append(one_round(loaded[n][0], ks, a.cache, a.repeats))
+                ms = measure(loaded[n][0], ks, a.cache, 0, a.repeats)
+                runs[n].append({k: ms[f"{k} tokens at {a.cache}"] for k in ks})
     base = {k: statistics.median(x[k] for x in runs["qwen2"]) / loaded["qwen2"][1] for k in ks} \
         if "qwen2" in runs else None
     print(f"\n{a.layers} layers, hidden {a.hidden}, Q8_0, {a.cache} cached tokens; medians of {a.rounds} rounds x "
