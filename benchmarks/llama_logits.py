@@ -128,11 +128,13 @@ def compare(mine: dict[str, Any], other: list[dict[str, Any]], rounding: float =
     if len(mine["prompts"]) != len(other):
         raise ValueError(f"{len(mine['prompts'])} prompts on specstruct's side, {len(other)} on llama.cpp's")
     diffs: list[float] = []
+    closest = float("inf")  # the smallest top-2 margin on either side: how near a tie the prompts came
     disagreements = []
     agree = 0
     for p, o in zip(mine["prompts"], other):
         ours_lp = dict((int(t), v) for t, v in p["top"])
         diffs += [abs(ours_lp[int(t)] - v) for t, v in o["top"] if int(t) in ours_lp]
+        closest = min(closest, margin(p["top"]), margin(o["top"]))
         if int(p["top"][0][0]) == o["token"]:
             agree += 1
             continue
@@ -142,19 +144,19 @@ def compare(mine: dict[str, Any], other: list[dict[str, Any]], rounding: float =
                               "rounding": m_ours + m_theirs <= 2 * rounding})
     return {"agree": agree, "n": len(other), "compared": len(diffs),
             "median_abs": statistics.median(diffs) if diffs else float("nan"),
-            "max_abs": max(diffs) if diffs else float("nan"),
+            "max_abs": max(diffs) if diffs else float("nan"), "closest_margin": closest,
             "disagreements": disagreements, "rounding_per_token": rounding,
             "verdict": "ok" if all(d["rounding"] for d in disagreements) else "beyond rounding"}
 
 
 def markdown(rows: list[tuple[str, dict[str, Any]]], top_k: int) -> str:
     head = (f"| file | greedy next token equal | top-{top_k} log-probs compared | median abs diff | max abs diff "
-            "| disagreements (prompt: top-2 margin specstruct / llama.cpp) | verdict |")
+            "| closest top-2 margin | disagreements (prompt: top-2 margin specstruct / llama.cpp) | verdict |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in rows:
         dis = "; ".join(f"{d['id']}: {d['margin_ours']:.3f} / {d['margin_theirs']:.3f}" for d in r["disagreements"])
         lines.append(f"| {name} | {r['agree']}/{r['n']} | {r['compared']} | {r['median_abs']:.4f} "
-                     f"| {r['max_abs']:.4f} | {dis or '-'} | {r['verdict']} |")
+                     f"| {r['max_abs']:.4f} | {r['closest_margin']:.3f} | {dis or '-'} | {r['verdict']} |")
     return "\n".join(lines)
 
 

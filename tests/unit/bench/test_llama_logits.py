@@ -51,6 +51,7 @@ def test_compare_counts_agreement_and_differences_over_tokens_both_sides_list():
     assert (r["agree"], r["n"], r["compared"]) == (2, 2, 5)
     assert r["max_abs"] == pytest.approx(0.10)
     assert r["median_abs"] == pytest.approx(0.02)
+    assert r["closest_margin"] == pytest.approx(0.70)  # the second prompt's, on specstruct's side
     assert r["disagreements"] == [] and r["verdict"] == "ok"
 
 
@@ -67,7 +68,7 @@ def test_a_flip_between_near_ties_is_rounding_and_a_decisive_one_is_not():
     assert decisive["margin_ours"] == pytest.approx(2.9) and decisive["margin_theirs"] == pytest.approx(2.3)
     assert r["verdict"] == "beyond rounding"
     table = ll.markdown([("f.gguf", r)], 2)
-    assert "| f.gguf | 0/2 |" in table and "p0: 0.020 / 0.020" in table and "beyond rounding" in table
+    assert "| f.gguf | 0/2 |" in table and "| 0.020 | p0:" in table and "p0: 0.020 / 0.020" in table and "beyond rounding" in table
 
 
 def test_mismatched_prompt_counts_are_refused():
