@@ -15,15 +15,34 @@ That is OpenAI's `tool_choice="required"` (LangChain's `bind_tools(tool_choice="
 `ModelSettings(tool_choice="required")`, which hands back "auto" once a tool ran, so the loop can end) on the steps a
 workflow agent must take, with the model choosing which tool and its arguments. Left on "auto" throughout, a small
 model answers in prose that names the tool instead of calling it (Qwen2.5-Coder 1.5B does, on both sides), and the
-scenario would measure no tool calls. llama-server (its `--jinja` chat handling, on by default) builds a tool-call
-grammar from the model's template for "required" too, but lets free text come before the first `<tool_call>`: a
-model that does not write that token on its own writes prose until `max_tokens` cuts it, a turn without a call.
+scenario would measure no tool calls.
 
-    specstruct   `engine.run(messages, tools=TOOLS, tool_choice=...)`: the tool-call grammar, speculation on, the
-                 prefix cache on
+llama-server cannot force a call by itself. For Qwen2.5's template its `--jinja` chat handling (common/chat.cpp) finds
+no specialised format and derives one (its "autoparser": JSON calls in `<tool_call>` tags); on "required" it builds a
+grammar that is active from the first token, not lazy, but whose first item is optional free text up to the first
+`<tool_call>` (`optional(content(until("<tool_call>"))) + calls`). `parallel_tool_calls` only says whether more than one
+call may follow, and the request's `grammar` is refused next to tools unless `tool_choice` is "none". A model that does
+not write `<tool_call>` on its own (the 1.5B model does not) writes prose until `max_tokens` cuts it: a turn without a
+call, and a comparison of unlike replies. So on a "required" turn llama-server gets the constraint specstruct applies,
+the way its users force a call: `tool_choice` "none" with the same `tools` (the template renders the same prompt;
+the warm-up compares the two through `/apply-template`) and a GBNF `grammar` for specstruct's "required" replies (`forced_grammar`): one or
+more `<tool_call>\n{call}\n</tool_call>` blocks, newline-separated, a newline after the last allowed, nothing else.
+The markers are matched as the single tokens `<tool_call>` and `</tool_call>` (GBNF's token syntax) wherever
+specstruct's grammar names them as tokens (Qwen2.5's tokenizer holds both); the call's JSON is llama-server's own
+conversion of specstruct's call schema (`call_schema(TOOLS)`: each tool's name and its parameters), read back once,
+untimed, from a zero-token `/completion` with that `json_schema`. That conversion lets JSON whitespace vary where
+specstruct fixes `", "` and `": "`, and ignores a number's bounds (issue_refund's `amount` at most 200): a superset of
+specstruct's replies, and the validity check still applies. The reply's text is read into calls by specstruct's own
+`parse_tool_calls`. "auto" turns are sent as an agent framework sends them, `tool_choice` "auto": llama-server's own
+lazy tool-call grammar and its own parsing of the calls, as specstruct's own "auto" grammar on the other side.
+
+    specstruct   `engine.run(messages, tools=TOOLS, tool_choice=...)`: specstruct's tool-call grammar ("required":
+                 calls only; "auto": text or calls), speculation on, the prefix cache on
     target-only  the same with speculation off (`--baselines specstruct`): its replies must be identical
-    llama.cpp    llama-server's `/v1/chat/completions` with the same messages, `tools` and `tool_choice` (its own
-                 chat template and tool-call grammar), `cache_prompt` on; the same GGUF file and thread count
+    llama.cpp    llama-server's `/v1/chat/completions` with the same messages and `tools`, `cache_prompt` on, the same
+                 GGUF file and thread count; "auto": `tool_choice` "auto" (its own chat template, tool-call grammar
+                 and parsing); "required": `tool_choice` "none" and `grammar` (forced_grammar), parsed by
+                 parse_tool_calls
 
 (A tool_choice naming one function would pin the order lookup, but llama-server takes only "auto", "required" and
 "none", so the model picks the tool on both sides.)
@@ -37,11 +56,15 @@ specstruct's.
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import Any, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Collection, Sequence
 
 from specstruct.bench.agent_tasks import JSON, REQUESTS, SYSTEM, TOOLS, call_tool, tool_choice
 from specstruct.bench.measure import Settings
+from specstruct.constraints.tools.grammar import CLOSE, OPEN, parse_tool_calls, special_markers
+from specstruct.constraints.tools.schema import call_schema
 
 Progress = Callable[[int, int, str], None] | None
 SPEC, TARGET_ONLY, LLAMA = "specstruct", "target-only", "llama.cpp"
@@ -144,19 +167,60 @@ def openai_messages(messages: Sequence[JSON]) -> list[JSON]:
     return out
 
 
-def chat_body(messages: Sequence[JSON], settings: Settings, choice: str = "auto") -> JSON:
-    """llama-server's `/v1/chat/completions` body for one turn: the same messages, tools and tool_choice, greedy or
-    sampled as the other sides, its prompt cache on (an agent's server keeps it on)."""
-    return {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": choice,
+def forced_call_schema(tools: Sequence[JSON] = TOOLS) -> JSON:
+    """The JSON schema of one call in specstruct's tool grammar (call_schema: `{"name": <a tool>, "arguments": <its
+    parameters>}`), without llguidance's whitespace setting, which llama-server does not read."""
+    return {k: v for k, v in call_schema(tools).items() if k != "x-guidance"}
+
+
+# a GBNF grammar's lexemes: strings, character classes, token references, comments, names (the rest is punctuation)
+_GBNF_LEXEME = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|!?<[^<>\s]+>|#[^\n]*|[A-Za-z0-9_-]+')
+_GBNF_RULE = re.compile(r"^([A-Za-z0-9_-]+)\s*::=", re.MULTILINE)
+CALL_RULE, JSON_RULE = "tool-call", "tool-call-json"
+
+
+def _gbnf_marker(text: str, tokens: Collection[str]) -> str:
+    return text if text in tokens else json.dumps(text)  # `<tool_call>` unquoted: GBNF's match of that one token
+
+
+def forced_grammar(json_grammar: str, tokens: Collection[str] = ()) -> str:
+    """llama-server's GBNF grammar for a "required" turn: the replies specstruct's "required" tool grammar allows
+    (tool_grammar): `<tool_call>\\n{call}\\n</tool_call>` blocks, one or more, a newline between them and perhaps one
+    after the last, nothing else. `json_grammar` is GBNF whose `root` is one call's JSON (llama-server's conversion of
+    forced_call_schema); its root becomes `tool-call-json`. The markers in `tokens` (those the tokenizer holds as one
+    added token, as specstruct.constraints.tools.grammar.special_markers finds them) are matched as that token, as
+    specstruct's grammar matches them; the others as text."""
+    taken = {CALL_RULE, JSON_RULE} & set(_GBNF_RULE.findall(json_grammar))
+    if taken:
+        raise ValueError(f"the call's JSON grammar already defines {sorted(taken)}: rename them there")
+    if "root" not in _GBNF_RULE.findall(json_grammar):
+        raise ValueError("the call's JSON grammar has no root rule: pass llama-server's conversion of the call schema")
+    body = _GBNF_LEXEME.sub(lambda m: JSON_RULE if m.group(0) == "root" else m.group(0), json_grammar)
+    return (f'root ::= {CALL_RULE} ("\\n" {CALL_RULE})* "\\n"?\n'
+            f'{CALL_RULE} ::= {_gbnf_marker(OPEN, tokens)} "\\n" {JSON_RULE} "\\n" {_gbnf_marker(CLOSE, tokens)}\n'
+            + body.strip() + "\n")
+
+
+def chat_body(messages: Sequence[JSON], settings: Settings, choice: str = "auto", grammar: str | None = None) -> JSON:
+    """llama-server's `/v1/chat/completions` body for one turn: the same messages and tools, greedy or sampled as the
+    other sides, its prompt cache on (an agent's server keeps it on). "auto" goes as it is; "required" goes as
+    `tool_choice` "none" (the same prompt: the tools are still rendered) with `grammar`, forced_grammar's calls
+    (llama-server refuses a grammar next to tools on "auto" or "required")."""
+    body = {"messages": openai_messages(messages), "tools": TOOLS, "tool_choice": choice,
             "max_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "seed": settings.seed, "cache_prompt": True, "parallel_tool_calls": True}
+    if choice == "required":
+        if not grammar:
+            raise ValueError('a "required" turn needs the calls\' grammar (forced_grammar) for llama-server')
+        body.update(tool_choice="none", grammar=grammar)
+    elif choice != "auto":
+        raise ValueError(f"tool_choice {choice!r}: the agent scenario sends 'auto' or 'required'")
+    return body
 
 
-def parse_chat_reply(data: JSON, choice: str = "auto") -> JSON:
-    """A `/v1/chat/completions` reply -> content, calls (arguments parsed from their JSON strings), token counts,
-    prefill time, whether max_tokens cut it, and why the calls are not valid under `choice` ("" when they are)."""
-    first = data["choices"][0]
-    message = first.get("message") or {}
+def _server_calls(message: JSON) -> tuple[list[JSON], str]:
+    """The calls llama-server parsed (arguments from their JSON strings), and why they are not JSON ("" when they
+    are)."""
     calls, error = [], ""
     for c in message.get("tool_calls") or []:
         fn = c.get("function") or {}
@@ -165,9 +229,26 @@ def parse_chat_reply(data: JSON, choice: str = "auto") -> JSON:
         except ValueError:
             arguments, error = fn.get("arguments"), error or f"{fn.get('name')}: arguments are not JSON"
         calls.append({"id": c.get("id", ""), "name": fn.get("name"), "arguments": arguments})
+    return calls, error
+
+
+def parse_chat_reply(data: JSON, choice: str = "auto") -> JSON:
+    """A `/v1/chat/completions` reply -> content, calls, token counts, prefill time, whether max_tokens cut it, and why
+    the calls are not valid under `choice` ("" when they are). On "auto" the calls are llama-server's own parse; on
+    "required" (sent with forced_grammar) its text is read by parse_tool_calls, as specstruct reads its own."""
+    first = data["choices"][0]
+    message = first.get("message") or {}
+    content, error = message.get("content") or "", ""
+    if choice == "required":
+        try:
+            content, calls = parse_tool_calls(content)
+        except (ValueError, KeyError, TypeError) as exc:
+            calls, error = [], f"the reply's calls do not parse: {exc}"
+    else:
+        calls, error = _server_calls(message)
     usage, timings = data.get("usage") or {}, data.get("timings") or {}
     prompt_ms = timings.get("prompt_ms")
-    return dict(content=message.get("content") or "", calls=calls, new_tokens=int(usage.get("completion_tokens", 0)),
+    return dict(content=content, calls=calls, new_tokens=int(usage.get("completion_tokens", 0)),
                 prompt_tokens=usage.get("prompt_tokens"),
                 cached_prompt_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens",
                                                                                     timings.get("cache_n")),
@@ -176,23 +257,35 @@ def parse_chat_reply(data: JSON, choice: str = "auto") -> JSON:
                 error=error or check_turn(calls, choice))
 
 
+def json_grammar_of(data: JSON) -> str:
+    """The GBNF grammar llama-server converted a `json_schema` into, from a `/completion` reply's
+    generation_settings."""
+    grammar = (data.get("generation_settings") or {}).get("grammar")
+    if not isinstance(grammar, str) or "root" not in _GBNF_RULE.findall(grammar):
+        raise RuntimeError("llama-server's /completion reply holds no converted grammar (generation_settings.grammar): "
+                           "this scenario needs a llama-server that reports it")
+    return grammar
+
+
 class LlamaAgent:
-    """llama-server (a started LlamaCppSide) as the agent's other side: one `/v1/chat/completions` per turn."""
+    """llama-server (a started LlamaCppSide) as the agent's other side: one `/v1/chat/completions` per turn. `tokens`:
+    the tool-call markers the tokenizer holds as one token (forced_grammar matches them as tokens)."""
 
     name = LLAMA
 
-    def __init__(self, server: Any, settings: Settings):
-        self.server, self.settings = server, settings
+    def __init__(self, server: Any, settings: Settings, tokens: Collection[str] = ()):
+        self.server, self.settings, self.tokens = server, settings, set(tokens)
+        self.grammar: str | None = None
 
     def numerics(self) -> str:
         return self.server.numerics()
 
-    def turn(self, messages: list[JSON], choice: str = "auto") -> JSON:
+    def turn(self, messages: list[JSON], choice: str = "auto", settings: Settings | None = None) -> JSON:
         import httpx
 
+        body = chat_body(messages, settings or self.settings, choice, self.grammar)
         start = time.perf_counter()
-        resp = httpx.post(self.server.url + "/v1/chat/completions", json=chat_body(messages, self.settings, choice),
-                          timeout=1800.0)
+        resp = httpx.post(self.server.url + "/v1/chat/completions", json=body, timeout=1800.0)
         seconds = time.perf_counter() - start
         if resp.status_code != 200:
             return dict(seconds=seconds, content="", calls=[], new_tokens=0, prompt_tokens=None,
@@ -200,9 +293,35 @@ class LlamaAgent:
                         error=f"llama-server answered {resp.status_code}: {resp.text[:200]}")
         return dict(parse_chat_reply(resp.json(), choice), seconds=seconds)
 
+    def prompt(self, body: JSON) -> str:
+        """The prompt llama-server renders for a request body (`/apply-template`)."""
+        import httpx
+
+        resp = httpx.post(self.server.url + "/apply-template", json=body, timeout=60.0)
+        resp.raise_for_status()
+        return str(resp.json()["prompt"])
+
     def warm_up(self) -> None:
+        """Start the server, convert the call schema into the forced turns' grammar (llama-server's own
+        json-schema-to-grammar), check that a forced turn's body renders the prompt a plain "required" one does, and
+        answer each tool_choice once, briefly."""
+        import httpx
+
         self.server.start()
-        self.turn(WARM_UP)
+        resp = httpx.post(self.server.url + "/completion", timeout=60.0,
+                          json={"prompt": "", "n_predict": 0, "json_schema": forced_call_schema()})
+        resp.raise_for_status()
+        self.grammar = forced_grammar(json_grammar_of(resp.json()), self.tokens)
+        history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": REQUESTS[0]}]
+        forced = chat_body(history, self.settings, "required", self.grammar)
+        plain = {k: v for k, v in forced.items() if k != "grammar"} | {"tool_choice": "required"}
+        if self.prompt(forced) != self.prompt(plain):
+            raise RuntimeError('llama-server renders another prompt for tool_choice "none" than for "required": the '
+                               "forced turns would not compare like with like")
+        for choice in CHOICES:
+            reply = self.turn(WARM_UP, choice, replace(self.settings, max_new_tokens=4))
+            if reply["finish_reason"] is None:  # refused: a grammar it cannot parse, a template it cannot apply
+                raise RuntimeError(f"llama-server refused a {choice!r} turn: {reply['error']}")
 
 
 def assistant_message(reply: JSON) -> JSON:
@@ -284,7 +403,7 @@ def run_agent(engine: Any, *, limit: int | None = None, baselines: Sequence[str]
     if "llama.cpp" in baselines:
         if llama is None:
             raise ValueError("the llama.cpp side needs a LlamaCppSide (llama-server and the GGUF file)")
-        sides[LLAMA] = LlamaAgent(llama, settings)
+        sides[LLAMA] = LlamaAgent(llama, settings, special_markers(engine.tokenizer))
     try:
         for side in sides.values():
             side.warm_up()
@@ -313,18 +432,21 @@ def _calls_text(reply: JSON) -> str:
 def markdown(res: JSON) -> str:
     names, s = res["sides"], res["summary"]
     head = " | ".join(f"{n}, s" for n in names)
+    llama = LLAMA in names
+    calls_head = "specstruct's calls | llama.cpp's calls" if llama else "specstruct's calls"
     lines = [f"Model: {res['model']}; {s['episodes']} episodes, {s['turns']} turns; prompt caches on every side.", "",
-             f"| episode | turn | tool_choice | prompt tokens (cached) | {head} | specstruct's calls | valid |",
-             "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
+             f"| episode | turn | tool_choice | prompt tokens (cached) | {head} | {calls_head} | valid |",
+             "|---|---|---|---|" + "---|" * len(names) + "---|" * (2 + llama)]
     for t in res["turns"]:
         spec = t["sides"][SPEC]
         seconds = " | ".join(f"{t['sides'][n]['seconds']:.2f}" for n in names)
+        calls = _calls_text(spec) + (f" | {_calls_text(t['sides'][LLAMA])}" if llama else "")
         valid = ", ".join(f"{n}: {_validity(t['sides'][n])}" for n in names)
         lines.append(f"| {t['episode'] + 1} | {t['turn']} | {t.get('tool_choice', 'auto')} "
                      f"| {spec['prompt_tokens']} ({spec['cached_prompt_tokens']}) "
-                     f"| {seconds} | {_calls_text(spec)} | {valid} |")
+                     f"| {seconds} | {calls} | {valid} |")
     total = " | ".join(f"**{s[n]['seconds']:.2f}**" for n in names)
-    lines.append(f"| all | {s['turns']} | | | {total} | | |")
+    lines.append(f"| all | {s['turns']} | | | {total} | |{' |' * llama} |")
     lines += ["", "| side | seconds | new tokens | tool calls | turns with valid calls | cut by max tokens | "
                   "vs specstruct |", "|---|---|---|---|---|---|---|"]
     for n in names:
@@ -335,7 +457,8 @@ def markdown(res: JSON) -> str:
         lines.append(f"\ntarget-only replies identical to specstruct's: {s['identical']}/{s['turns']} turns.")
     if "llama_agrees" in s:
         lines.append(f"llama.cpp's calls the same as specstruct's: {s['llama_agrees']}/{s['turns']} turns "
-                     "(its replies do not enter the history: both answer specstruct's turns).")
+                     "(its replies do not enter the history: both answer specstruct's turns); on \"required\" turns "
+                     "it is sent tool_choice \"none\" and a GBNF grammar of the calls, specstruct's constraint.")
     lines += ["", *(f"- {n}: {res['numerics'][n]}" for n in names)]
     return "\n".join(lines) + "\n"
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from specstruct.bench.agent import (LLAMA, SPEC, TARGET_ONLY, chat_body, check_calls, check_turn, markdown,
-                                    parse_chat_reply, run_agent, run_episode, SpecStructAgent)
+from specstruct.bench.agent import (LLAMA, SPEC, TARGET_ONLY, chat_body, check_calls, check_turn, forced_grammar,
+                                    markdown, parse_chat_reply, run_agent, run_episode, SpecStructAgent)
 from specstruct.bench.agent_tasks import FORCED_TURNS, REQUESTS, SYSTEM, TOOLS, call_tool, tool_choice
 from specstruct.bench.measure import Settings
 from specstruct.testing import scripted_engine
@@ -131,35 +131,171 @@ def test_a_reply_without_calls_ends_the_episode_and_the_report_totals_the_sides(
     json.dumps(res)  # the --out file
 
 
-def test_the_llama_cpp_side_sends_the_same_history_and_reads_its_calls():
-    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": REQUESTS[0]},
-               {"role": "assistant", "content": "", "tool_calls": [
-                   {"id": "call_1", "type": "function",
-                    "function": {"name": "lookup_order", "arguments": {"order_id": "A-10442"}}}]},
-               {"role": "tool", "tool_call_id": "call_1", "name": "lookup_order", "content": "{}"}]
-    body = chat_body(history, Settings(max_new_tokens=99), "required")
+HISTORY = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": REQUESTS[0]},
+           {"role": "assistant", "content": "", "tool_calls": [
+               {"id": "call_1", "type": "function",
+                "function": {"name": "lookup_order", "arguments": {"order_id": "A-10442"}}}]},
+           {"role": "tool", "tool_call_id": "call_1", "name": "lookup_order", "content": "{}"}]
+
+# llama-server's own conversion (json-schema-to-grammar) of forced_call_schema(TOOLS[:2]), as its /completion reported
+# it in generation_settings.grammar
+CONVERTED = r"""alternative-0 ::= "{" space alternative-0-name-kv "," space alternative-0-arguments-kv space "}"
+alternative-0-arguments ::= "{" space alternative-0-arguments-order-id-kv space "}"
+alternative-0-arguments-kv ::= "\"arguments\"" space ":" space alternative-0-arguments
+alternative-0-arguments-order-id-kv ::= "\"order_id\"" space ":" space string
+alternative-0-name ::= "\"lookup_order\""
+alternative-0-name-kv ::= "\"name\"" space ":" space alternative-0-name
+alternative-1 ::= "{" space alternative-1-name-kv "," space alternative-1-arguments-kv space "}"
+alternative-1-arguments ::= "{" space alternative-1-arguments-carrier-kv "," space alternative-1-arguments-tracking-number-kv space "}"
+alternative-1-arguments-carrier ::= ("\"UPS\"" | "\"FedEx\"" | "\"USPS\"" | "\"DHL\"")
+alternative-1-arguments-carrier-kv ::= "\"carrier\"" space ":" space alternative-1-arguments-carrier
+alternative-1-arguments-kv ::= "\"arguments\"" space ":" space alternative-1-arguments
+alternative-1-arguments-tracking-number-kv ::= "\"tracking_number\"" space ":" space string
+alternative-1-name ::= "\"track_shipment\""
+alternative-1-name-kv ::= "\"name\"" space ":" space alternative-1-name
+char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})
+root ::= alternative-0 | alternative-1
+space ::= | " " | "\n"{1,2} [ \t]{0,20}
+string ::= "\"" char* "\""
+"""
+TRACK = ('<tool_call>\n{"name": "track_shipment", "arguments": {"carrier": "UPS", "tracking_number": "1Z"}}\n'
+         '</tool_call>')
+
+
+def test_auto_turns_reach_llama_server_as_they_are_and_required_ones_with_the_calls_grammar():
+    body = chat_body(HISTORY, Settings(max_new_tokens=99), "auto")
     assert body["tools"] == TOOLS and body["max_tokens"] == 99 and body["temperature"] == 0.0
-    assert body["tool_choice"] == "required" and chat_body(history, Settings())["tool_choice"] == "auto"
-    assert body["cache_prompt"] is True
+    assert body["tool_choice"] == "auto" and "grammar" not in body and body["cache_prompt"] is True
     sent = body["messages"][2]["tool_calls"][0]["function"]
     assert json.loads(sent["arguments"]) == {"order_id": "A-10442"}  # the OpenAI API's JSON string
-    assert history[2]["tool_calls"][0]["function"]["arguments"] == {"order_id": "A-10442"}  # not changed in place
+    assert HISTORY[2]["tool_calls"][0]["function"]["arguments"] == {"order_id": "A-10442"}  # not changed in place
+    forced = chat_body(HISTORY, Settings(max_new_tokens=99), "required", "root ::= x")
+    # llama-server refuses a grammar next to tools unless tool_choice is "none"; the tools still render the prompt
+    assert forced["tool_choice"] == "none" and forced["grammar"] == "root ::= x" and forced["tools"] == TOOLS
+    assert {k: v for k, v in forced.items() if k not in ("tool_choice", "grammar")} == {
+        k: v for k, v in body.items() if k != "tool_choice"}
+    with pytest.raises(ValueError, match="forced_grammar"):
+        chat_body(HISTORY, Settings(), "required")
+    with pytest.raises(ValueError, match="'none'"):
+        chat_body(HISTORY, Settings(), "none")
 
-    def reply(calls, finish="tool_calls"):
-        return {"choices": [{"finish_reason": finish, "message": {"content": None, "tool_calls": [
-            {"id": "x", "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}}],
-            "usage": {"prompt_tokens": 900, "completion_tokens": 30}, "timings": {"prompt_ms": 1500.0, "cache_n": 800}}
 
-    good = parse_chat_reply(reply([("track_shipment", '{"carrier": "UPS", "tracking_number": "1Z"}')]))
+def test_the_forced_grammar_wraps_llama_servers_conversion_in_the_tool_call_markers():
+    grammar = forced_grammar(CONVERTED, {"<tool_call>", "</tool_call>"})
+    lines = grammar.splitlines()
+    assert lines[:2] == ['root ::= tool-call ("\\n" tool-call)* "\\n"?',
+                         'tool-call ::= <tool_call> "\\n" tool-call-json "\\n" </tool_call>']  # GBNF's token match
+    assert lines[2:] == [ln.replace("root ::=", "tool-call-json ::=") for ln in CONVERTED.strip().splitlines()]
+    assert "tool-call-json ::= alternative-0 | alternative-1" in lines
+    text = forced_grammar(CONVERTED)  # markers the tokenizer does not hold as one token: matched as text
+    assert 'tool-call ::= "<tool_call>" "\\n" tool-call-json "\\n" "</tool_call>"' in text.splitlines()
+    # only rule names are renamed: not a string, a character class or a token that reads "root"
+    odd = forced_grammar('root ::= "root" [root] item\nitem ::= "(" root ")" | <root>\n')
+    assert 'tool-call-json ::= "root" [root] item' in odd and 'item ::= "(" tool-call-json ")" | <root>' in odd
+    with pytest.raises(ValueError, match="tool-call"):
+        forced_grammar('root ::= tool-call\ntool-call ::= "x"\n')
+    with pytest.raises(ValueError, match="no root rule"):
+        forced_grammar('start ::= "x"\n')
+
+
+def test_the_forced_grammar_allows_what_specstructs_required_grammar_allows(tok):
+    """llguidance reads the GBNF (its gbnf_to_lark), a reference this module did not write: the replies specstruct's
+    "required" grammar allows are allowed, free text before, between or after the calls is not."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    from specstruct.constraints.base import ConstraintSpec
+    from specstruct.constraints.compiler import compile_constraint
+    from specstruct.constraints.tools.grammar import tool_grammar
+
+    def constraint(lark):
+        return compile_constraint(ConstraintSpec("grammar", lark), tok, vocab_size=408,
+                                  eos_token_ids=[tok.eos_token_id])
+
+    ours, theirs = constraint(tool_grammar(TOOLS[:2], "required")), constraint(gbnf_to_lark(forced_grammar(CONVERTED)))
+    for reply in (LOOKUP, LOOKUP + "\n", f"{LOOKUP}\n{TRACK}", f"{TRACK}\n{LOOKUP}\n"):
+        assert ours.accepts(reply) and theirs.accepts(reply), reply
+    for reply in ("Let me look that up.\n" + LOOKUP, LOOKUP + "\nDone.", "I will call lookup_order.", "",
+                  LOOKUP.replace("lookup_order", "issue_refund"), LOOKUP.replace("A-10442", "") + TRACK,
+                  TRACK.replace("UPS", "Royal Mail")):
+        assert not ours.accepts(reply) and not theirs.accepts(reply), reply
+    spaced = LOOKUP.replace('{"name"', '{ "name"')
+    assert theirs.accepts(spaced) and not ours.accepts(spaced)  # llama-server's JSON whitespace is freer
+
+
+def _reply(content=None, calls=(), finish="tool_calls"):
+    return {"choices": [{"finish_reason": finish, "message": {"content": content, "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}}],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 30}, "timings": {"prompt_ms": 1500.0, "cache_n": 800}}
+
+
+def test_auto_replies_are_read_from_llama_servers_calls():
+    good = parse_chat_reply(_reply(calls=[("track_shipment", '{"carrier": "UPS", "tracking_number": "1Z"}')]))
     assert good["error"] == "" and good["calls"][0]["arguments"] == {"carrier": "UPS", "tracking_number": "1Z"}
     assert good["prefill_s"] == 1.5 and good["cached_prompt_tokens"] == 800 and good["new_tokens"] == 30
-    assert "not a bound tool" in parse_chat_reply(reply([("cancel_order", "{}")]))["error"]
-    assert "not JSON" in parse_chat_reply(reply([("lookup_order", '{"order_id": ')]))["error"]
-    assert "not one of" in parse_chat_reply(reply([("track_shipment", '{"carrier": "Royal Mail", '
-                                                                       '"tracking_number": "1"}')]))["error"]
-    assert parse_chat_reply(reply([], finish="length"))["cut"] is True
-    assert parse_chat_reply(reply([]))["error"] == ""
-    assert "required" in parse_chat_reply(reply([], finish="length"), "required")["error"]
+    assert "not a bound tool" in parse_chat_reply(_reply(calls=[("cancel_order", "{}")]))["error"]
+    assert "not JSON" in parse_chat_reply(_reply(calls=[("lookup_order", '{"order_id": ')]))["error"]
+    assert "not one of" in parse_chat_reply(_reply(calls=[("track_shipment", '{"carrier": "Royal Mail", '
+                                                                             '"tracking_number": "1"}')]))["error"]
+    assert parse_chat_reply(_reply(finish="length"))["cut"] is True
+    assert parse_chat_reply(_reply())["error"] == ""
+    assert parse_chat_reply(_reply(LOOKUP, finish="stop"))["calls"] == []  # "auto": llama-server's parse only
+
+
+def test_required_replies_are_read_from_the_text_as_specstruct_reads_its_own():
+    both = parse_chat_reply(_reply(f"{LOOKUP}\n{TRACK}", finish="stop"), "required")
+    assert both["error"] == "" and both["content"] == "" and not both["cut"]
+    assert [(c["name"], c["arguments"]) for c in both["calls"]] == [
+        ("lookup_order", {"order_id": "A-10442"}), ("track_shipment", {"carrier": "UPS", "tracking_number": "1Z"})]
+    refund = '<tool_call>\n{"name": "issue_refund", "arguments": {"order_id": "A-1", "amount": 500, ' \
+             '"reason": "damaged"}}\n</tool_call>'
+    assert "200" in parse_chat_reply(_reply(refund, finish="stop"), "required")["error"]  # llama-server's conversion leaves numbers unbounded
+    cut = parse_chat_reply(_reply(LOOKUP[:30], finish="length"), "required")
+    assert cut["cut"] and cut["calls"] == [] and "required" in cut["error"]
+    assert "do not parse" in parse_chat_reply(_reply("<tool_call>\n{}\n</tool_call>", finish="stop"),
+                                              "required")["error"]
+
+
+def test_the_llama_side_converts_the_schema_and_checks_the_prompt_before_the_first_turn(monkeypatch):
+    """Canned llama-server answers: the call schema goes to its json-schema-to-grammar once, a forced turn renders
+    the prompt a "required" one does (else a clear error), then every turn is one /v1/chat/completions."""
+    import httpx
+
+    from specstruct.bench.agent import LlamaAgent, forced_call_schema
+
+    sent: list[tuple[str, dict]] = []
+    prompts = {"none": "P", "required": "P"}
+
+    def post(url, json=None, timeout=None):
+        sent.append((url.rsplit("/", 1)[-1], json))
+        request = httpx.Request("POST", url)
+        if url.endswith("/completion"):
+            return httpx.Response(200, json={"content": "", "generation_settings": {"grammar": CONVERTED}},
+                                  request=request)
+        if url.endswith("/apply-template"):
+            return httpx.Response(200, json={"prompt": prompts[json["tool_choice"]]}, request=request)
+        content = LOOKUP if json.get("grammar") else "Hi!"
+        return httpx.Response(200, json=_reply(content, finish="stop"), request=request)
+
+    class Server:
+        url, started = "http://llama", 0
+
+        def start(self):
+            self.started += 1
+
+    monkeypatch.setattr(httpx, "post", post)
+    side = LlamaAgent(Server(), Settings(max_new_tokens=50), {"<tool_call>", "</tool_call>"})
+    side.warm_up()
+    assert side.server.started == 1 and side.grammar == forced_grammar(CONVERTED, {"<tool_call>", "</tool_call>"})
+    assert sent[0] == ("completion", {"prompt": "", "n_predict": 0, "json_schema": forced_call_schema()})
+    assert [s[0] for s in sent[1:]] == ["apply-template"] * 2 + ["completions"] * 2
+    assert [s[1]["max_tokens"] for s in sent[3:]] == [4, 4]  # brief warm-up turns
+    sent.clear()
+    reply = side.turn(HISTORY, "required")
+    assert reply["error"] == "" and [c["name"] for c in reply["calls"]] == ["lookup_order"]
+    assert sent[0][1]["grammar"] == side.grammar and sent[0][1]["max_tokens"] == 50
+    prompts["none"] = "Q"
+    with pytest.raises(RuntimeError, match="another prompt"):
+        LlamaAgent(Server(), Settings()).warm_up()
 
 
 def test_run_agent_needs_a_server_for_the_llama_cpp_side():
