@@ -134,3 +134,40 @@ def test_a_quantized_draft_with_other_padding_rows_gives_the_targets_number_of_l
     keep = min(rows, got.shape[-1])
     assert torch.equal(got[..., :keep], own[..., :keep])  # its own logits; -inf for padding ids past them
     assert torch.isneginf(got[..., keep:]).all()
+
+
+def test_loading_widens_no_tensor_larger_than_one_layer(tmp_path, _kernel, monkeypatch):
+    """The embedding and the LM head (vocabulary x hidden, here 14x a decoder layer) stay blocks while loading: the
+    only float32 the loader makes (gguf's dequantize: norms, biases) is smaller than one layer, and numpy's largest
+    moment while loading (tracemalloc counts every numpy buffer) stays under half a float32 copy of the head."""
+    import tracemalloc
+
+    import gguf.quants
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=16384, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    path = tmp_path / "wide-vocab.gguf"
+    write_gguf(model, path, "Q8_0")
+    layer = 4 * sum(p.numel() for p in model.model.layers[0].parameters())
+    head = 4 * model.lm_head.weight.numel()
+    widened = []
+    dequantize = gguf.quants.dequantize
+
+    def recorded(data, qtype):
+        out = dequantize(data, qtype)
+        widened.append(out.nbytes)
+        return out
+
+    monkeypatch.setattr(gguf.quants, "dequantize", recorded)
+    tracemalloc.start()
+    try:
+        loaded = load_quantized(path, config)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(loaded.lm_head, quantized.QuantLinear)
+    assert widened and max(widened) < layer < head
+    assert peak < head / 2, f"{peak / 2**20:.1f} MiB of numpy buffers at once while loading (a head is {head / 2**20:.1f})"
