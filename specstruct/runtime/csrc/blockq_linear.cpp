@@ -362,21 +362,28 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 // AMX: one TDPBSUD multiplies a tile of 16 rows x G int8 activations (signed) by one of G/4 quads x 16 outputs x 4
 // weights (unsigned, the vectors unpack_group makes) into 16 x 16 exact int32 sums D: a whole group of a block of 16
-// rows in one instruction. Then the same float operations per group as panel_vnni, lane for lane, so the same bits
-// (float(D) by VCVTDQ2PS or MAGIC's bits: both exact). Linux grants a process the tile state only on request
-// (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU lacks AMX or the OS refuses (some virtual machines list AMX and
-// refuse it), the VNNI path runs. The tile instructions are written here with a "memory" clobber (the compiler's
-// own intrinsics have none, so it could move the tile loads and stores across the plain ones around them).
+// rows in one instruction. Symmetric formats (w = d * (u - z)) multiply signed weights u - z instead (TDPBSSD; every
+// such u - z fits int8), so the tile's sums are D - z*A already. Then the same float operations per group as
+// panel_vnni, lane for lane, so the same bits (float(D) and float(D - z*A) by VCVTDQ2PS: exact, as MAGIC's bits are).
+// Linux grants a process the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU lacks AMX or
+// the OS refuses (some virtual machines list AMX and refuse it), the VNNI path runs. The tile instructions are
+// written here with the memory each reads or writes as an operand (the compiler's own intrinsics name none, so it
+// could move the tile loads and stores across the plain ones around them; a "memory" clobber instead makes it keep
+// the accumulators in memory, a load and a store per row and group).
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define SPECSTRUCT_AMX 1
-#define TILE_LOAD(t, base, stride) \
-  asm volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((int64_t)(stride)) : "memory")
-#define TILE_STORE(t, base, stride) \
-  asm volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"((int64_t)(stride)) : "memory")
+using TileBytes = uint8_t[1024];  // the most bytes a tile load or store here touches (16 rows x 64 bytes)
+#define TILE_LOAD(t, base, stride)                                                                 \
+  asm volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*reinterpret_cast<const TileBytes*>(base)), \
+               "r"(base), "r"((int64_t)(stride)))
+#define TILE_STORE(t, base, stride)                                                              \
+  asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*reinterpret_cast<TileBytes*>(base)) \
+               : "r"(base), "r"((int64_t)(stride)))
 #define TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
 #define TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define TILE_DPBSSD(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
 static bool amx_granted() {  // AMX-TILE and AMX-INT8 listed, and the tile state granted to this process
   static const bool granted = [] {
@@ -413,7 +420,7 @@ static void tile_configure() {
 // A panel's weights unpacked once (QUADS vectors per group: the weight tiles' rows) with its scales and mins per group,
 // for every block of rows to use.
 template <int G, int BITS, bool AFFINE, bool SUB, bool LUT>
-static void amx_unpack(const uint8_t* __restrict w, const Scales& sc, int64_t ng, uint8_t* __restrict wb,
+static void amx_unpack(const uint8_t* __restrict w, const Scales& sc, int64_t ng, int zero, uint8_t* __restrict wb,
                        float* __restrict dvb, float* __restrict mvb) {
   constexpr int QUADS = G / 4;
   constexpr int64_t GB = (int64_t)G * NO * BITS / 8;
@@ -421,7 +428,11 @@ static void amx_unpack(const uint8_t* __restrict w, const Scales& sc, int64_t ng
     __m512i wv[QUADS];
     unpack_group<G, BITS, LUT>(w + g * GB, wv);
 #pragma GCC unroll 8
-    for (int i = 0; i < QUADS; ++i) _mm512_storeu_si512(wb + (g * QUADS + i) * 64, wv[i]);
+    for (int i = 0; i < QUADS; ++i) {
+      // symmetric: the signed weights u - z (int8: pick_amx checks they fit), so the tile's sums are D - z*A
+      if constexpr (!AFFINE) wv[i] = _mm512_sub_epi8(wv[i], _mm512_set1_epi8((char)zero));
+      _mm512_storeu_si512(wb + (g * QUADS + i) * 64, wv[i]);
+    }
     __m512 dv, mv;
     group_scales<G, AFFINE, SUB>(sc, g, dv, mv);
     _mm512_storeu_ps(dvb + g * NO, dv);
@@ -429,25 +440,23 @@ static void amx_unpack(const uint8_t* __restrict w, const Scales& sc, int64_t ng
   }
 }
 
-// One group's float operations for a block of 16 rows, D from the tile's store: panel_vnni's, lane for lane.
+// One row's float operations of one group, D from the tile's store: panel_vnni's, lane for lane.
 template <bool AFFINE>
-static inline void amx_group(const int32_t* __restrict d, const float* __restrict dvb, const float* __restrict mvb,
-                             const float* __restrict s, const float* __restrict fa_, __m512* acc) {
-  const __m512 dv = _mm512_loadu_ps(dvb);
-  const __m512 mv = _mm512_loadu_ps(mvb);
-#pragma GCC unroll 16
-  for (int r = 0; r < AMX_ROWS; ++r) {
-    const __m512i dot = _mm512_load_si512(d + r * NO);
-    const __m512 sa = _mm512_set1_ps(s[r]), fa = _mm512_set1_ps(fa_[r]);
-    if constexpr (!AFFINE) {  // fa is MAGIC + z*A: (MAGIC + D) - (MAGIC + z*A) is D - z*A exactly
-      const __m512 biased = _mm512_castsi512_ps(_mm512_add_epi32(dot, _mm512_set1_epi32(MAGIC_BITS)));
-      acc[r] = _mm512_fmadd_ps(_mm512_sub_ps(biased, fa), _mm512_mul_ps(dv, sa), acc[r]);
-    } else {
-      const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, fa));  // float(D): exact
-      acc[r] = _mm512_fmadd_ps(inner, sa, acc[r]);
-    }
+static inline __attribute__((always_inline)) void amx_row(const int32_t* __restrict d, __m512 dv, __m512 mv, float s,
+                                                           float fa, __m512& acc) {
+  const __m512i dot = _mm512_load_si512(d);
+  if constexpr (!AFFINE) {  // the tile's sums are D - z*A (signed weights): as a float, exactly panel_vnni's
+                            // (MAGIC + D) - (MAGIC + z*A)
+    (void)fa;
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, _mm512_set1_ps(s)), acc);
+  } else {
+    const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, _mm512_set1_ps(fa)));
+    acc = _mm512_fmadd_ps(inner, _mm512_set1_ps(s), acc);  // float(D) by VCVTDQ2PS: exact
   }
 }
+// The 16 rows of a block, each with its own accumulator variable (an array of them would live in memory: the
+// compiler keeps an array whose address a call takes on the stack, a load and a store per row and group).
+#define ROWS16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
 // A block of 16 rows (the first R real) against one unpacked panel. q: the block's activations group-major (row r's
 // group g at (g * 16 + r) * G), s and fa likewise (g * 16 + r). Four groups in flight: the tile unit computes the
@@ -460,9 +469,9 @@ static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb,
                       int R, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
   alignas(64) int32_t d[4][AMX_ROWS * NO];
-  __m512 acc[AMX_ROWS];
-#pragma GCC unroll 16
-  for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+#define ACC(r) __m512 acc##r = _mm512_setzero_ps();
+  ROWS16(ACC)
+#undef ACC
   // group g: D in tile g % 4 (computed three groups ahead, stored to d[g % 4] one group ahead), activations and
   // weights in tiles 4 + g % 2 and 6 + g % 2
 #define COMPUTE(c, ta, tb, g)                                    \
@@ -471,16 +480,26 @@ static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb,
       TILE_LOAD(ta, q + (g) * AMX_ROWS * G, G);                  \
       TILE_LOAD(tb, wb + (g) * QUADS * 64, 64);                  \
       TILE_ZERO(c);                                              \
-      TILE_DPBSUD(c, ta, tb);                                    \
+      if constexpr (AFFINE)                                      \
+        TILE_DPBSUD(c, ta, tb);                                  \
+      else                                                       \
+        TILE_DPBSSD(c, ta, tb);                                  \
     }                                                            \
   } while (0)
 #define STORE(c, g)                                              \
   do {                                                           \
     if ((g) < ng) TILE_STORE(c, d[c], 64);                       \
   } while (0)
-  auto group = [&](int64_t g) {
-    if (g < ng) amx_group<AFFINE>(d[g % 4], dvb + g * NO, mvb + g * NO, s + g * AMX_ROWS, fa + g * AMX_ROWS, acc);
-  };
+#define ROW(r) amx_row<AFFINE>(dg + (r) * NO, dv, mv, sg[r], fg[r], acc##r);
+#define group(g)                                                                             \
+  do {                                                                                       \
+    if ((g) < ng) {                                                                          \
+      const int32_t* dg = d[(g) % 4];                                                        \
+      const __m512 dv = _mm512_loadu_ps(dvb + (g) * NO), mv = _mm512_loadu_ps(mvb + (g) * NO); \
+      const float *sg = s + (g) * AMX_ROWS, *fg = fa + (g) * AMX_ROWS;                       \
+      ROWS16(ROW)                                                                            \
+    }                                                                                        \
+  } while (0)
   COMPUTE(0, 4, 6, 0);
   COMPUTE(1, 5, 7, 1);
   COMPUTE(2, 4, 6, 2);
@@ -501,13 +520,16 @@ static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb,
   }
 #undef COMPUTE
 #undef STORE
+#undef group
+#undef ROW
   const __mmask16 keep = ncols >= NO ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-#pragma GCC unroll 16
-  for (int r = 0; r < AMX_ROWS; ++r)
-    if (r < R) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+#define OUT(r) \
+  if ((r) < R) _mm512_mask_storeu_ps(y + (r) * ldy, keep, acc##r);
+  ROWS16(OUT)
+#undef OUT
 }
 
-using UnpackFn = void (*)(const uint8_t*, const Scales&, int64_t, uint8_t*, float*, float*);
+using UnpackFn = void (*)(const uint8_t*, const Scales&, int64_t, int, uint8_t*, float*, float*);
 using BlockFn = void (*)(const uint8_t*, const float*, const float*, int64_t, const int8_t*, const float*,
                          const float*, int, float*, int64_t, int);
 
@@ -521,6 +543,7 @@ static AmxPath pick_amx(const Format& f) {
   if (!amx_wanted.load(std::memory_order_relaxed) || !amx_granted()) return {nullptr, nullptr};
   const bool sub = f.gps > 1, affine = f.zero < 0;
   if (sub && f.gps != 256 / f.G) return {nullptr, nullptr};
+  if (!affine && f.bits == 8 && f.zero != 128) return {nullptr, nullptr};  // u - z would not fit int8
 #define FORMAT(g, b, a, s, t)                                                       \
   if (f.G == g && f.bits == b && affine == a && sub == s && f.lut == t)             \
     return {amx_unpack<g, b, a, s, t>, amx_block<g, a>};
@@ -860,7 +883,7 @@ static torch::Tensor product(const torch::Tensor& x_in, const torch::Tensor& pac
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t p = pick_panel ? pick_panel[i] : i;
           const int ncols = (int)std::min<int64_t>(NO, N - p * NO);
-          amx.unpack(wd + p * pbytes, st.panel(p), ng, wb.data(), dvb.data(), mvb.data());
+          amx.unpack(wd + p * pbytes, st.panel(p), ng, f.zero, wb.data(), dvb.data(), mvb.data());
           for (int64_t r = 0; r < M; r += AMX_ROWS)
             amx.block(wb.data(), dvb.data(), mvb.data(), ng, qd + r * K, s.data() + r * ng, fa.data() + r * ng,
                       (int)std::min<int64_t>(AMX_ROWS, M - r), yd + r * ldy + i * NO, ldy, ncols);
