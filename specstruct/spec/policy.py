@@ -22,6 +22,11 @@ d accepted tokens for k * e seconds (e: a draft step plus one more row in the pa
 adaptive_threshold) the draft is tried only when the best k in 1..cap promises TRIAL_GAIN over the free drafters:
 the trial costs the draft's reading of the prompt and steps at a loss where it does not pay, so a marginal promise
 is not worth it (prose, where a 0.5B draft costs half a 1.5B step, promises 9% at a = 0.7 and 10% from a = 0.72).
+The trial's first step also makes the row's draft read the context it lacks (R seconds: the tokens times a read's
+per-token cost, timed when the engine was built), and a trial that stops after one step (the draft measured slower
+than timed) has paid R for nothing: so R is charged to the trial's ARM_TOKENS output tokens, the promise being
+(t0 + d) / (P0 + k * e + R * (t0 + d) / ARM_TOKENS). A probe of a draft the arms switched off is one step, which
+cannot repay a read either: it waits for a row whose draft cache is in step with it.
 With d <= k (a = 1) the test is the bound d / k > e / s0: where the free drafters spend at most e per token no
 acceptance makes the draft pay. Forced tokens a draft appends without a draft step can break d <= k, so a verdict
 both arms measured overrides it. (On a CPU with block-quantized weights a 0.5B
@@ -50,6 +55,8 @@ ARM_DECAY = 0.95  # weight of the older steps in the seconds-per-token sums of e
 ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafters alone
 PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
 TRIAL_GAIN = 1.1  # the expected gain over the free drafters that a lone row's first try of the draft model needs
+PROBE_UNREAD = 2  # context tokens a probing draft may read first (the last accepted and the bonus token)
+PRIOR_READ = 0.1  # prior seconds for the draft to read one context token, as a share of one draft step
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -86,6 +93,7 @@ class AdaptivePolicy:
         self.target_cost: dict[int, float] = {}  # rows -> EMA seconds of one target pass
         self.draft_cost: float | None = None  # EMA seconds of one draft-model step
         self.draft_step: float | None = None  # seconds of one draft step timed when the engine was built
+        self.draft_read: float | None = None  # seconds per context token of a draft reading a prompt, timed so too
         self.idle_steps: dict[tuple[Mode, str], int] = defaultdict(int)
         # (mode, proposer) -> a copying proposer's (first-token, copy) rates (prompt lookup, the suffix index)
         self.lookup: dict[tuple[Mode, str], tuple[float, float]] = {}
@@ -95,9 +103,10 @@ class AdaptivePolicy:
         self.arm_idle: dict[Mode, int] = defaultdict(int)
 
     # -- planning ---------------------------------------------------------------------------------------------
-    def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True) -> Plan:
+    def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True, unread: int = 0) -> Plan:
         """What each drafter may propose at a row's next step; `alone`: the row has the pass to itself (the arms
-        are measured on such steps; in a batch the batch policy weighs the draft model by its costs)."""
+        are measured on such steps; in a batch the batch policy weighs the draft model by its costs); `unread`: the
+        context tokens the row's draft cache lacks (what using the draft model now would make it read first)."""
         cfg = config or self.config
         cap = cfg.cap(mode)
         if not cfg.enable_speculative or cap <= 0:
@@ -106,17 +115,17 @@ class AdaptivePolicy:
         for t in self.available:
             if not getattr(cfg, t.switch):
                 continue
-            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone)
+            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone, unread)
         drafters = [t.name for t in self.available if limits.get(t.name, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
-    def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True) -> int:
+    def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True, unread: int = 0) -> int:
         key = (mode, t.name)
         if t.sizing is Sizing.COPY:
             best = self.lookup_k(mode, cap, t.name)
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
-            if t.model_step and self.use_timing and not self._model_arm(mode, alone):
+            if t.model_step and self.use_timing and not self._model_arm(mode, alone, unread):
                 return 0
             if not t.model_step or k == 0 or not self.costs_measured():
                 return k  # until costs are measured, start from initial_candidates and adapt on acceptance alone
@@ -173,19 +182,21 @@ class AdaptivePolicy:
                 best, best_rate = k, rate
         return best
 
-    def model_verdict(self, mode: Mode) -> str:
-        """"explore-without" / "explore-with" (an arm still measures its first ARM_TOKENS), "on" or "off"."""
+    def model_verdict(self, mode: Mode, unread: int = 0) -> str:
+        """"explore-without" / "explore-with" (an arm still measures its first ARM_TOKENS), "on" or "off"; `unread`:
+        the context a row's draft would read first (trial_gain charges it)."""
         if self.arm_tokens[(mode, False)] < ARM_TOKENS:
             return "explore-without"
         if self.arm_tokens[(mode, True)] >= ARM_TOKENS:  # both measured: the measurement decides
             (s1, t1, _), (s0, t0, _) = self.arms[(mode, True)], self.arms[(mode, False)]
             return "on" if s1 / t1 * ARM_GAIN < s0 / t0 else "off"
-        return "explore-with" if self.trial_gain(mode) >= TRIAL_GAIN else "off"
+        return "explore-with" if self.trial_gain(mode, unread=unread) >= TRIAL_GAIN else "off"
 
-    def trial_gain(self, mode: Mode, cap: int | None = None, rate: float | None = None) -> float:
+    def trial_gain(self, mode: Mode, cap: int | None = None, rate: float | None = None, unread: int = 0) -> float:
         """The most a draft of 1..cap tokens (the mode's cap) at acceptance `rate` (the draft's measured rate, else
         the engine's adaptive_threshold) is expected to speed a lone row's steps up over the free drafters alone in
-        `mode`, as measured (module docstring); inf before anything is measured (no basis to rule the draft out)."""
+        `mode`, as measured (module docstring), its reading of `unread` context tokens charged to the trial's
+        ARM_TOKENS output tokens; inf before anything is measured (no basis to rule the draft out)."""
         step = self.draft_cost if self.draft_cost is not None else self.draft_step
         if step is None or (mode, False) not in self.arms:
             return float("inf")
@@ -195,24 +206,36 @@ class AdaptivePolicy:
         seconds, tokens = s0 / n0, t0 / n0  # a step of the free drafters: P0 and t0
         t1 = self.t1() or 0.0
         e = step + t1 * (self.verify_ratio(9) - 1.0) / 8  # a draft token: a draft step and one more row in the pass
+        read = unread * self.read_cost()  # the draft's cold reading, paid before its first token
         a = rate if rate is not None else self.model_rate(mode)
         a = self.config.adaptive_threshold if a is None else a
         best = 0.0
         for k in range(1, max(1, self.config.cap(mode) if cap is None else cap) + 1):
-            best = max(best, (tokens + expected_tokens(a, k) - 1.0) / (seconds + k * e) * seconds / tokens)
+            gives = tokens + expected_tokens(a, k) - 1.0
+            costs = seconds + k * e + read * gives / ARM_TOKENS  # the read, spread over the trial's steps
+            best = max(best, gives / costs * seconds / tokens)
         return best
 
-    def _model_arm(self, mode: Mode, alone: bool = True) -> bool:
+    def read_cost(self) -> float:
+        """Seconds for the draft to read one context token: timed when the engine was built, else PRIOR_READ of a
+        draft step (0 before a draft step is known)."""
+        if self.draft_read is not None:
+            return self.draft_read
+        step = self.draft_cost if self.draft_cost is not None else self.draft_step
+        return 0.0 if step is None else PRIOR_READ * step
+
+    def _model_arm(self, mode: Mode, alone: bool = True, unread: int = 0) -> bool:
         """Whether this step of a row in `mode` may use the draft model (the arm the verdict chose, or a probe)."""
-        verdict = self.model_verdict(mode)
         if not alone:  # a batch: the batch policy sizes the draft by its costs, where lone rows do not rule it out
-            return verdict != "off"  # (measured, or by the cost model: a batch's rows do not make the draft cheaper)
+            return self.model_verdict(mode) != "off"  # (measured, or by the cost model: a batch's rows do not make
+        verdict = self.model_verdict(mode, unread)  # the draft cheaper)
         if verdict.startswith("explore"):
             return verdict == "explore-with"
         if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (trial_gain): no probe either
             return False
-        self.arm_idle[mode] += 1
-        probe = self.arm_idle[mode] >= PROBE_ARM_EVERY
+        self.arm_idle[mode] = min(self.arm_idle[mode] + 1, PROBE_ARM_EVERY)
+        # a probe of the draft waits for a row whose draft has nothing to read: one step cannot repay a cold read
+        probe = self.arm_idle[mode] >= PROBE_ARM_EVERY and (verdict == "on" or unread <= PROBE_UNREAD)
         if probe:
             self.arm_idle[mode] = 0
         return (verdict == "on") != probe
@@ -294,3 +317,5 @@ class AdaptivePolicy:
             self.draft_cost = _ema(self.draft_cost, seconds)
         elif kind == "draft-timed":  # timed apart from decoding (Speculator): only whether to try the draft at all
             self.draft_step = seconds
+        elif kind == "draft-read-timed" and rows > 0:  # a cold read of `rows` tokens, timed so too
+            self.draft_read = seconds / rows

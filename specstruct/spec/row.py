@@ -123,7 +123,9 @@ class Row:
         return self.kv
 
     def _plan(self, alone: bool = True) -> Plan:
-        return self.policy.plan(self.constraint.mode, self.config, alone)
+        d = self.draft_kv  # what the draft would read before drafting for this row (its cache may hold a prefix)
+        unread = len(self.prompt) + len(self.token_ids) - len(d.tokens) if d is not None else 0
+        return self.policy.plan(self.constraint.mode, self.config, alone, max(0, unread))
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:

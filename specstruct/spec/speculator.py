@@ -23,7 +23,7 @@ from specstruct.runtime.kv.prefix_cache import PrefixCache
 from specstruct.constraints.base import Constraint
 from specstruct.spec.interfaces import Proposer, Runtime, Setup
 from specstruct.spec.policy import AdaptivePolicy
-from specstruct.spec.proposers.draft_model import step_seconds
+from specstruct.spec.proposers.draft_model import read_seconds, step_seconds
 from specstruct.spec.proposers.registry import Proposers, build
 from specstruct.spec.row import Row
 
@@ -50,6 +50,7 @@ class Speculator:
         self.numerics: str = target.numerics
         if draft is not None:
             self.policy.observe_cost("draft-timed", 1, step_seconds(draft))  # the policy skips a draft that cannot pay
+            self.policy.observe_cost("draft-read-timed", 32, 32 * read_seconds(draft, 32))  # and charges its reading
             self.numerics += f"; draft: {draft.numerics}"
 
     def row(self, prompt: Sequence[int], constraint: Constraint, config: SpecConfig) -> Row:

@@ -76,6 +76,22 @@ def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
     return min(times)
 
 
+def read_seconds(runtime: Runtime, tokens: int = 32, repeats: int = 3) -> float:
+    """Seconds per token of the draft reading `tokens` context tokens into an empty cache, the shortest of `repeats`
+    after one that warms up: what a row's first use of the draft pays before its first draft token (the policy
+    charges it to the draft's trial)."""
+    times = []
+    for i in range(repeats + 1):
+        seq = runtime.sequence()
+        t0 = time.perf_counter()
+        runtime.forward([(seq, [0] * tokens)], [1])
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return min(times) / tokens
+
+
 class DraftState:
     """What one row's draft cache holds."""
 

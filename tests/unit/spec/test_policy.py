@@ -177,3 +177,53 @@ def test_a_batched_pass_verifies_only_the_free_candidates_that_pay():
     assert free_lengths(pol, [forced + lookup] * 8, [True] * 8) == [7] * 8  # seeded rows keep theirs
     cheap = AdaptivePolicy(SpecConfig(), ALL)  # nothing measured: the prior slope (7% a row) ...
     assert free_lengths(cheap, [[0.9] * 4], [False]) == [4]  # ... keeps likely candidates
+
+
+def _cheap_draft_on_prose(read_per_token):
+    """The cheap draft of test_a_draft_that_promises_too_little_is_not_tried (tried on a warm cache), reading a
+    context token in `read_per_token` seconds."""
+    from specstruct.spec.policy import ARM_TOKENS
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_cost("draft-timed", 1, 0.007)
+    pol.observe_cost("draft-read-timed", 32, 32 * read_per_token)
+    for rows in range(1, 10):
+        pol.observe_cost("target", rows, 0.040 + 0.001 * (rows - 1))
+    _free_arm(pol, "text", ARM_TOKENS, 1.05, 0.040)
+    return pol
+
+
+def test_the_trial_charges_the_drafts_cold_read():
+    """A draft that would pay on a warm cache is not tried where reading the row's context first costs more than
+    the trial's ARM_TOKENS tokens would win back: (t0 + d) / (P0 + k * e + R * (t0 + d) / ARM_TOKENS)."""
+    from specstruct.spec.policy import ARM_TOKENS, TRIAL_GAIN
+
+    pol = _cheap_draft_on_prose(0.002)
+    warm = pol.trial_gain("text")
+    assert warm > TRIAL_GAIN and pol.model_verdict("text", unread=0) == "explore-with"
+    assert pol.model_verdict("text", unread=1000) == "off"
+    assert "model" not in pol.plan("text", unread=1000).drafters and "model" in pol.plan("text", unread=2).drafters
+    e = 0.007 + 0.040 * (pol.verify_ratio(9) - 1.0) / 8
+    want = max((1.05 + expected_tokens(0.7, k) - 1) / (0.040 + k * e + 0.2 * (1.05 + expected_tokens(0.7, k) - 1)
+                                                       / ARM_TOKENS) for k in (1, 2)) / (1.05 / 0.040)
+    assert abs(pol.trial_gain("text", unread=100) - want) < 1e-9 and pol.trial_gain("text", unread=100) < warm
+    unmeasured = AdaptivePolicy(SpecConfig(), ALL)  # no read timed: PRIOR_READ of a draft step
+    unmeasured.observe_cost("draft-timed", 1, 0.007)
+    from specstruct.spec.policy import PRIOR_READ
+
+    assert unmeasured.read_cost() == PRIOR_READ * 0.007
+
+
+def test_a_probe_of_the_draft_waits_for_a_warm_draft_cache():
+    """Once both arms measured the draft slower, a probe reruns it now and then, but only at a step where the row's
+    draft has nothing to read: one draft step cannot repay reading a whole context."""
+    from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    pol.observe_step("json", False, ARM_TOKENS, 1.0)
+    pol.observe_step("json", True, ARM_TOKENS, 2.0)
+    assert pol.model_verdict("json") == "off"
+    cold = [pol.plan("json", unread=300) for _ in range(3 * PROBE_ARM_EVERY)]
+    assert not any("model" in p.drafters for p in cold)
+    assert "model" in pol.plan("json", unread=1).drafters  # due since long: the first warm step probes
+    assert "model" not in pol.plan("json", unread=1).drafters
