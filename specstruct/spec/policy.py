@@ -56,6 +56,8 @@ ARM_GAIN = 1.02  # the draft model must be this much faster than the free drafte
 PROBE_ARM_EVERY = 256  # steps between tries of the arm left out: a cold draft's prompt costs ~10 target steps
 TRIAL_GAIN = 1.1  # the expected gain over the free drafters that a lone row's first try of the draft model needs
 PROBE_UNREAD = 2  # context tokens a probing draft may read first (the last accepted and the bonus token)
+PROBE_COLD_EVERY = 8 * PROBE_ARM_EVERY  # steps after which a probe reads a cold context anyway (a slow verdict may
+# come from a moment of load: without this, lone rows that start cold would never give the draft another chance)
 PRIOR_READ = 0.1  # prior seconds for the draft to read one context token, as a share of one draft step
 
 
@@ -233,9 +235,11 @@ class AdaptivePolicy:
             return verdict == "explore-with"
         if self.arm_tokens[(mode, True)] < ARM_TOKENS:  # off without a trial (trial_gain): no probe either
             return False
-        self.arm_idle[mode] = min(self.arm_idle[mode] + 1, PROBE_ARM_EVERY)
-        # a probe of the draft waits for a row whose draft has nothing to read: one step cannot repay a cold read
-        probe = self.arm_idle[mode] >= PROBE_ARM_EVERY and (verdict == "on" or unread <= PROBE_UNREAD)
+        self.arm_idle[mode] = min(self.arm_idle[mode] + 1, PROBE_COLD_EVERY)
+        # a probe of the draft waits for a row whose draft has nothing to read (one step cannot repay a cold read),
+        # or, at the longest, PROBE_COLD_EVERY steps
+        idle = self.arm_idle[mode]
+        probe = idle >= PROBE_COLD_EVERY or (idle >= PROBE_ARM_EVERY and (verdict == "on" or unread <= PROBE_UNREAD))
         if probe:
             self.arm_idle[mode] = 0
         return (verdict == "on") != probe

@@ -217,7 +217,7 @@ def test_the_trial_charges_the_drafts_cold_read():
 def test_a_probe_of_the_draft_waits_for_a_warm_draft_cache():
     """Once both arms measured the draft slower, a probe reruns it now and then, but only at a step where the row's
     draft has nothing to read: one draft step cannot repay reading a whole context."""
-    from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY
+    from specstruct.spec.policy import ARM_TOKENS, PROBE_ARM_EVERY, PROBE_COLD_EVERY
 
     pol = AdaptivePolicy(SpecConfig(), ALL)
     pol.observe_step("json", False, ARM_TOKENS, 1.0)
@@ -227,3 +227,6 @@ def test_a_probe_of_the_draft_waits_for_a_warm_draft_cache():
     assert not any("model" in p.drafters for p in cold)
     assert "model" in pol.plan("json", unread=1).drafters  # due since long: the first warm step probes
     assert "model" not in pol.plan("json", unread=1).drafters
+    # rows that always start cold still probe, at the longest every PROBE_COLD_EVERY steps
+    cold = [pol.plan("json", unread=300) for _ in range(PROBE_COLD_EVERY)]
+    assert sum("model" in p.drafters for p in cold) == 1
