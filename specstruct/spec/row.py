@@ -125,7 +125,7 @@ class Row:
     def _plan(self, alone: bool = True) -> Plan:
         d = self.draft_kv  # what the draft would read before drafting for this row (its cache may hold a prefix)
         unread = len(self.prompt) + len(self.token_ids) - len(d.tokens) if d is not None else 0
-        return self.policy.plan(self.constraint.mode, self.config, alone, max(0, unread))
+        return self.policy.plan(self.constraint.mode, self.config, alone, unread=max(0, unread))
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:

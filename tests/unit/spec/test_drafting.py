@@ -97,7 +97,7 @@ def test_rows_of_a_batch_plan_as_a_batch(tok, target, close_draft):
     eng = Speculator(ModelRuntime(target), tok, [tok.eos_token_id], draft=ModelRuntime(close_draft))
     seen: list[bool] = []
     plan = eng.policy.plan
-    eng.policy.plan = lambda mode, config=None, alone=True: seen.append(alone) or plan(mode, config, alone)
+    eng.policy.plan = lambda mode, config=None, alone=True, **kw: seen.append(alone) or plan(mode, config, alone, **kw)
     ids = tok.encode(TEXT, add_special_tokens=False)[:8]
     batch = BatchDecoder(eng)
     for _ in range(2):
