@@ -60,15 +60,16 @@ class DraftModelDrafter:
         run_drafts(self.runtime, list(jobs), self.eos, costs)
 
 
-def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
-    """Seconds of one one-token draft step, the shortest of `repeats` after one that warms up (the shortest: a busy
-    moment only lengthens some), on a sequence of its own: the policy's draft cost before the draft has drafted (it
-    decides whether a lone row tries the draft at all)."""
+def _shortest(runtime: Runtime, tokens: int, repeats: int, fresh: bool) -> float:
+    """Seconds of one draft pass of `tokens` tokens, the shortest of `repeats` after one that warms up (the shortest:
+    a busy moment only lengthens some); `fresh`: each pass on an empty sequence, else all on one."""
     seq = runtime.sequence()
     times = []
     for i in range(repeats + 1):
+        if fresh:
+            seq = runtime.sequence()
         t0 = time.perf_counter()
-        runtime.forward([(seq, [0])], [1])
+        runtime.forward([(seq, [0] * tokens)], [1])
         if torch.cuda.is_available():  # a GPU's kernels run asynchronously: time them, not their launch
             torch.cuda.synchronize()
         if i:
@@ -76,20 +77,16 @@ def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
     return min(times)
 
 
+def step_seconds(runtime: Runtime, repeats: int = 5) -> float:
+    """Seconds of one one-token draft step, on a sequence of its own: the policy's draft cost before the draft has
+    drafted (it decides whether a lone row tries the draft at all)."""
+    return _shortest(runtime, 1, repeats, fresh=False)
+
+
 def read_seconds(runtime: Runtime, tokens: int = 32, repeats: int = 3) -> float:
-    """Seconds per token of the draft reading `tokens` context tokens into an empty cache, the shortest of `repeats`
-    after one that warms up: what a row's first use of the draft pays before its first draft token (the policy
-    charges it to the draft's trial)."""
-    times = []
-    for i in range(repeats + 1):
-        seq = runtime.sequence()
-        t0 = time.perf_counter()
-        runtime.forward([(seq, [0] * tokens)], [1])
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return min(times) / tokens
+    """Seconds per token of the draft reading `tokens` context tokens into an empty cache: what a row's first use of
+    the draft pays before its first draft token (the policy charges it to the draft's trial)."""
+    return _shortest(runtime, tokens, repeats, fresh=True) / tokens
 
 
 class DraftState:
