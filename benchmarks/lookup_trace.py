@@ -117,7 +117,9 @@ def steps(scenario: str, limit: int, max_new_tokens: int) -> None:
     verify = rowmod.Row.verify
 
     def judged(row, step, logits, masks):
-        verdict = row.policy.model_verdict(row.constraint.mode)
+        d = row.draft_kv  # the context the row's draft lacks, as the row's own plan charges it (Row._plan)
+        unread = max(0, len(row.prompt) + len(row.token_ids) - len(d.tokens)) if d is not None else 0
+        verdict = row.policy.model_verdict(row.constraint.mode, unread)
         out = verify(row, step, logits, masks)
         if count:
             count["rows"][len(step.tokens) + 1] += 1
