@@ -1,0 +1,201 @@
+// What bounds the block-quantized kernel's AMX path: its schedule for one format (G = 32 inputs a group, affine:
+// Q4_K's), timed whole and in parts, one thread. A standalone copy of the schedule of amx_block in
+// specstruct/runtime/csrc/blockq_linear.cpp (the same tile instructions, the same per-group float steps), on random
+// bytes; benchmarks/amx_parts.py builds and runs it.
+//
+// A "group-block" is one group of 32 inputs of 16 rows x 16 outputs (8,192 multiply-adds): one TDPBSUD, one tile
+// store of its 16 x 16 sums, and 16 rows of float steps. Printed: nanoseconds per group-block of each variant.
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+constexpr int NO = 16, ROWS = 16, G = 32, QUADS = G / 4;
+using TileBytes = uint8_t[1024];
+#define TILE_LOAD(t, base, stride)                                                                 \
+  asm volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*reinterpret_cast<const TileBytes*>(base)), \
+               "r"(base), "r"((int64_t)(stride)))
+#define TILE_STORE(t, base, stride)                                                              \
+  asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*reinterpret_cast<TileBytes*>(base)) \
+               : "r"(base), "r"((int64_t)(stride)))
+#define TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
+#define TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define ROWS16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static void configure() {  // as blockq_linear.cpp: 0-3 sums, 4-5 activations, 6-7 weights
+  TileConfig c;
+  for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = G;
+  for (int t = 6; t < 8; ++t) c.rows[t] = QUADS, c.colsb[t] = 64;
+  asm volatile("ldtilecfg %0" ::"m"(c));
+}
+
+struct Data {  // one panel (unpacked) and every row's activations, group-major per block of 16 rows
+  int64_t M, K, ng;
+  std::vector<uint8_t> wb0, wb1;
+  std::vector<float> dv, mv, s, fa, y;
+  std::vector<int8_t> q;
+};
+
+static inline __attribute__((always_inline)) void row_reg(const int32_t* d, __m512 dv, __m512 mv, float s, float fa,
+                                                          __m512& acc) {
+  const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(_mm512_load_si512(d)), _mm512_mul_ps(mv, _mm512_set1_ps(fa)));
+  acc = _mm512_fmadd_ps(inner, _mm512_set1_ps(s), acc);
+}
+static inline __attribute__((always_inline)) void row_mem(const int32_t* d, __m512 dv, __m512 mv, float s, float fa,
+                                                          float* acc) {
+  const __m512 inner = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(_mm512_load_si512(d)), _mm512_mul_ps(mv, _mm512_set1_ps(fa)));
+  _mm512_store_ps(acc, _mm512_fmadd_ps(inner, _mm512_set1_ps(s), _mm512_load_ps(acc)));
+}
+
+// The kernel's schedule for one block of 16 rows and one panel; TILES / STORES / FLOATS switch its parts.
+template <bool TILES, bool STORES, bool FLOATS>
+static void block(const Data& D, const int8_t* q, const float* s, const float* fa, float* y) {
+  const uint8_t* wb = D.wb0.data();
+  const float *dvb = D.dv.data(), *mvb = D.mv.data();
+  const int64_t ng = D.ng;
+  alignas(64) static thread_local int32_t d[4][ROWS * NO];
+#define ACC(r) __m512 acc##r = _mm512_setzero_ps();
+  ROWS16(ACC)
+#undef ACC
+#define COMPUTE(c, ta, tb, g)                                         \
+  if (TILES && (g) < ng) {                                            \
+    TILE_LOAD(ta, q + (g) * ROWS * G, G);                             \
+    TILE_LOAD(tb, wb + (g) * QUADS * 64, 64);                         \
+    TILE_ZERO(c);                                                     \
+    TILE_DPBSUD(c, ta, tb);                                           \
+  }
+#define STORE(c, g) \
+  if (STORES && (g) < ng) TILE_STORE(c, d[c], 64);
+#define ROW(r) row_reg(dg + (r) * NO, dv, mv, sg[r], fg[r], acc##r);
+#define GROUP(g)                                                                                             \
+  if (FLOATS && (g) < ng) {                                                                                  \
+    const int32_t* dg = d[(g) % 4];                                                                          \
+    const __m512 dv = _mm512_loadu_ps(dvb + (g) * NO), mv = _mm512_loadu_ps(mvb + (g) * NO);                 \
+    const float *sg = s + (g) * ROWS, *fg = fa + (g) * ROWS;                                                 \
+    ROWS16(ROW)                                                                                              \
+  }
+  COMPUTE(0, 4, 6, 0) COMPUTE(1, 5, 7, 1) COMPUTE(2, 4, 6, 2) STORE(0, 0)
+  for (int64_t g = 0; g < ng; g += 4) {
+    COMPUTE(3, 5, 7, g + 3) STORE(1, g + 1) GROUP(g)
+    COMPUTE(0, 4, 6, g + 4) STORE(2, g + 2) GROUP(g + 1)
+    COMPUTE(1, 5, 7, g + 5) STORE(3, g + 3) GROUP(g + 2)
+    COMPUTE(2, 4, 6, g + 6) STORE(0, g + 4) GROUP(g + 3)
+  }
+#undef ROW
+#define OUT(r) _mm512_storeu_ps(y + (r) * NO, acc##r);
+  ROWS16(OUT)
+#undef OUT
+}
+
+// 2 blocks of 16 rows x 2 panels per group: each tile loaded serves two products (half the tile loads per
+// product); the 64 accumulators (2 x 2 x 16 rows) live in memory.
+template <bool TILES, bool STORES, bool FLOATS>
+static void block22(const Data& D, const int8_t* q0, const int8_t* q1, const float* s0, const float* fa0,
+                    const float* s1, const float* fa1, float* y) {
+  const int64_t ng = D.ng;
+  const uint8_t *wb0 = D.wb0.data(), *wb1 = D.wb1.data();
+  alignas(64) static thread_local int32_t d[4][ROWS * NO];
+  alignas(64) static thread_local float acc[4][ROWS * NO];
+  std::memset(acc, 0, sizeof acc);
+  for (int64_t g = 0; g < ng; ++g) {
+    if (TILES) {
+      TILE_LOAD(4, q0 + g * ROWS * G, G);
+      TILE_LOAD(5, q1 + g * ROWS * G, G);
+      TILE_LOAD(6, wb0 + g * QUADS * 64, 64);
+      TILE_LOAD(7, wb1 + g * QUADS * 64, 64);
+      TILE_ZERO(0); TILE_ZERO(1); TILE_ZERO(2); TILE_ZERO(3);
+      TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
+    }
+    if (STORES) {
+      TILE_STORE(0, d[0], 64); TILE_STORE(1, d[1], 64); TILE_STORE(2, d[2], 64); TILE_STORE(3, d[3], 64);
+    }
+    if (FLOATS) {
+      const __m512 dv = _mm512_loadu_ps(D.dv.data() + g * NO), mv = _mm512_loadu_ps(D.mv.data() + g * NO);
+      const float* ss[4] = {s0, s0, s1, s1};
+      const float* ff[4] = {fa0, fa0, fa1, fa1};
+      for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) row_mem(d[t] + r * NO, dv, mv, ss[t][g * ROWS + r], ff[t][g * ROWS + r], acc[t] + r * NO);
+    }
+  }
+  for (int t = 0; t < 4; ++t) std::memcpy(y + t * ROWS * NO, acc[t], sizeof acc[t]);
+}
+
+using Fn = void (*)(const Data&);
+template <bool T, bool S, bool F>
+static void run1(const Data& D) {
+  for (int64_t r = 0; r < D.M; r += ROWS)
+    block<T, S, F>(D, D.q.data() + r * D.K, D.s.data() + r * D.ng, D.fa.data() + r * D.ng, const_cast<float*>(D.y.data()));
+}
+template <bool T, bool S, bool F>
+static void run22(const Data& D) {  // counts as 2 panels: called for every other panel
+  for (int64_t r = 0; r < D.M; r += 2 * ROWS)
+    block22<T, S, F>(D, D.q.data() + r * D.K, D.q.data() + (r + ROWS) * D.K, D.s.data() + r * D.ng,
+                     D.fa.data() + r * D.ng, D.s.data() + (r + ROWS) * D.ng, D.fa.data() + (r + ROWS) * D.ng,
+                     const_cast<float*>(D.y.data()));
+}
+
+int main(int argc, char** argv) {
+  const int64_t M = argc > 1 ? std::atoll(argv[1]) : 256, K = argc > 2 ? std::atoll(argv[2]) : 1536,
+                N = argc > 3 ? std::atoll(argv[3]) : 1536, reps = argc > 4 ? std::atoll(argv[4]) : 9;
+  if (M % 32 || K % (4 * G) || N % 32) {
+    std::fprintf(stderr, "rows a multiple of 32, inputs of %d, outputs of 32\n", 4 * G);
+    return 2;
+  }
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    std::puts("AMX not granted: nothing to measure");
+    return 3;
+  }
+  Data D{M, K, K / G, {}, {}, {}, {}, {}, {}, {}, {}};
+  std::mt19937 rng(1);
+  D.wb0.resize(D.ng * QUADS * 64), D.wb1.resize(D.ng * QUADS * 64), D.q.resize(M * K);
+  for (auto& b : D.wb0) b = rng() & 15;
+  for (auto& b : D.wb1) b = rng() & 15;
+  for (auto& b : D.q) b = (int8_t)(rng() & 255);
+  D.dv.assign(D.ng * NO, 0.01f), D.mv.assign(D.ng * NO, 0.02f), D.s.assign(M * D.ng, 0.1f), D.fa.assign(M * D.ng, 3.f);
+  D.y.assign(4 * ROWS * NO, 0.f);
+  configure();
+  struct Variant { const char* name; Fn fn; int panels_per_call; };
+  const Variant variants[] = {
+      {"the kernel's schedule", run1<true, true, true>, 1},
+      {"  tiles: loads + TDPBSUD", run1<true, false, false>, 1},
+      {"  tiles + stores of the sums", run1<true, true, false>, 1},
+      {"  tiles + float steps (no store)", run1<true, false, true>, 1},
+      {"  float steps alone", run1<false, false, true>, 1},
+      {"2x2 blocks (accumulators in memory)", run22<true, true, true>, 2},
+      {"  tiles: loads + TDPBSUD", run22<true, false, false>, 2},
+      {"  tiles + stores of the sums", run22<true, true, false>, 2},
+      {"  float steps alone", run22<false, false, true>, 2},
+  };
+  const double units = (double)(N / NO) * (M / ROWS) * D.ng;  // group-blocks per product
+  std::printf("%lld rows x %lld inputs x %lld outputs, one thread, median of %lld:\n", (long long)M, (long long)K,
+              (long long)N, (long long)reps);
+  for (const Variant& v : variants) {
+    std::vector<double> t;
+    for (int64_t i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t p = 0; p < N / NO; p += v.panels_per_call) v.fn(D);
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    const double sec = t[t.size() / 2];
+    std::printf("%-38s %7.2f ns per group-block  %6.1f G multiply-adds/s\n", v.name, sec / units * 1e9,
+                (double)M * K * N / sec / 1e9);
+  }
+  asm volatile("tilerelease" ::);
+  return 0;
+}
