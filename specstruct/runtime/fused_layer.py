@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 
 from specstruct.runtime import native, packed
+from specstruct.runtime.load_memory import trim_heap
 from specstruct.runtime.architectures import (ACTIVATIONS, ARCHITECTURES, Traits, config_of, layer_softcap,
                                               layer_window, norm_eps)
 from specstruct.runtime.quantized import QuantLinear, QuantWeight, merge_linears
@@ -148,6 +149,7 @@ def fuse(model: torch.nn.Module) -> bool:
                          traits, eps, layer_window(attn, cfg), layer_softcap(attn),
                          getattr(cfg, traits.activation_key) == "silu")
             layer.forward = functools.partial(fused_forward, cast(_Layer, layer), plan)
+            trim_heap()  # the layer's separate blocks, merged above, are free: give their pages back before the next
     return True
 
 

@@ -259,7 +259,11 @@ def merge_linears(mods: list[QuantLinear]) -> tuple[QuantWeight, torch.Tensor | 
     for name, whole in merged.tensors().items():
         if whole is None:
             continue
-        whole.copy_(torch.cat([getattr(m.qweight, name) for m in mods]))
+        row = 0
+        for m in mods:  # each part straight into its rows (a torch.cat would hold a second merged copy)
+            part = getattr(m.qweight, name)
+            whole[row : row + len(part)].copy_(part)
+            row += len(part)
     at = 0
     for m in mods:
         panels = -(-m.out_features // PANEL)
