@@ -132,7 +132,11 @@ class SpecStruct:
         draft_model = draft_tok = None
         try:
             if draft:
-                draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype)
+                from specstruct.models.loading import same_tokenizer_files
+
+                shared = tokenizer if same_tokenizer_files(model, draft) else None  # one tokenizer object for both
+                draft_model, draft_tok = load_model(draft, weights=built.weights, device=device, dtype=dtype,
+                                                    tokenizer=shared)
         finally:
             tables.join()  # before the engine times a draft step (Speculator): nothing else running
         hand_over(target, draft_model)  # loaded for this engine alone: switched in place, one copy of the weights

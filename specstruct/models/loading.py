@@ -80,8 +80,31 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         return AutoTokenizer.from_pretrained(where, **kw)
 
 
-def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None):
-    """Load `(model, tokenizer)` in eval mode (dtype default float32). Accepts every form `resolve` does."""
+# The files a tokenizer's vocabulary, merges and added or special tokens are read from (a chat template may differ
+# between two models whose tokenizers are otherwise one: a draft never uses it)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether models `a` and `b` read their tokenizers from byte-identical files (the registry's Qwen2.5-Coder
+    pair does): then one tokenizer object serves both, and a draft need not build a second one (about 170 MiB
+    for a 151k-token vocabulary, left as holes in the heap once freed). False where either is not a folder of
+    tokenizer files (a hub id, a bare file's metadata is compared by vocabulary instead) or cannot be resolved."""
+    try:
+        folders = [Path(_open_kwargs(resolve(x), tokenizer=True)[0]) for x in (a, b)]
+    except (OSError, ModelNotFoundError):
+        return False
+    if not all(f.is_dir() for f in folders):
+        return False
+    names = [n for n in _TOKENIZER_FILES if any((f / n).is_file() for f in folders)]
+    return bool(names) and all(all((f / n).is_file() for f in folders)
+                               and (folders[0] / n).read_bytes() == (folders[1] / n).read_bytes() for n in names)
+
+
+def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, tokenizer: Any = None):
+    """Load `(model, tokenizer)` in eval mode (dtype default float32). Accepts every form `resolve` does.
+    `tokenizer`: one already loaded from the same files (same_tokenizer_files), used instead of building another."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -92,7 +115,7 @@ def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = N
     if "gguf_file" in kw and metadata_source(source) != source:  # a bare file: its config as converted once
         kw["config"] = AutoConfig.from_pretrained(str(metadata_source(source)))
     with _offline_errors(name_or_path, source):
-        tokenizer = AutoTokenizer.from_pretrained(tok_where, **tok_kw)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(tok_where, **tok_kw)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
     model = model.to(device).eval()
     return model, tokenizer

@@ -286,8 +286,9 @@ def quantize_linears(model: torch.nn.Module, name: str = "q8_0") -> torch.nn.Mod
     return model
 
 
-def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtype=None):
-    """`(model, tokenizer)` with the weights asked for:
+def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtype=None, tokenizer=None):
+    """`(model, tokenizer)` with the weights asked for (`tokenizer`: one already loaded from the same files, used
+    instead of building another: models.loading.same_tokenizer_files):
 
     - "auto": a GGUF file (or a pulled registry model) keeps its quantized blocks on the CPU; anything else loads
       as it ships (float32 by default)
@@ -312,14 +313,14 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(str(source))
-        tokenizer = load_tokenizer(name_or_path)
+        tokenizer = tokenizer or load_tokenizer(name_or_path)
         return load_quantized(path, config), tokenizer
     if weights == "gguf":
         raise ModelNotFoundError(f"weights='gguf' needs a GGUF file on the CPU; {name_or_path!r} has none"
                                  + ("" if str(device) == "cpu" else f" (device {device})")
                                  + ". Fix: point at a .gguf file, or `specstruct pull --force NAME` for a registry "
                                    "model pulled before pulls kept the GGUF file")
-    model, tokenizer = load(name_or_path, device=device, dtype=dtype)
+    model, tokenizer = load(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer)
     if path is not None:  # transformers' GGUF loader reads no rope_freqs either
         apply_rope_freqs(model, read_tensors(path))
     if weights == "q8_0":

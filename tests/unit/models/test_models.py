@@ -196,6 +196,27 @@ def test_load_local_folder(tmp_path):
     assert models.load_tokenizer(str(tmp_path)).eos_token == "<|im_end|>"
 
 
+def test_one_tokenizer_serves_two_models_whose_tokenizer_files_are_identical(tmp_path):
+    from specstruct.models.loading import same_tokenizer_files
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (a, b, c):
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    (a / "chat_template.jinja").write_text("a's own template")  # a template is not the vocabulary
+    assert same_tokenizer_files(a, b) and same_tokenizer_files(str(b), str(a))
+    (c / "tokenizer.json").write_bytes((c / "tokenizer.json").read_bytes().replace(b"<|im_end|>", b"<|im_stop|>"))
+    assert not same_tokenizer_files(a, c)
+    (b / "special_tokens_map.json").unlink(missing_ok=True)
+    (b / "tokenizer_config.json").unlink()  # a file one side lacks
+    assert not same_tokenizer_files(a, b)
+    assert not same_tokenizer_files(a, tmp_path / "missing")
+    shared = models.load_tokenizer(str(a))
+    assert models.load(a, tokenizer=shared)[1] is shared  # no second tokenizer built
+
+
 def test_load_unreachable_hub_id_says_what_was_tried(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import huggingface_hub.constants as hc
@@ -235,3 +256,6 @@ def test_real_models_share_a_vocabulary():
     target, draft = (models.load_tokenizer(n) for n in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT))
     models.check_same_vocab(target, draft)
     assert len(target) > 150_000 and target.chat_template
+    from specstruct.models.loading import same_tokenizer_files
+
+    assert same_tokenizer_files(models.DEFAULT_TARGET, models.DEFAULT_DRAFT)  # so the draft loads no second one
