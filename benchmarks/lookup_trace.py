@@ -114,12 +114,16 @@ def steps(scenario: str, limit: int, max_new_tokens: int) -> None:
             return forward(segments, keep, *a, **k)
 
         draft.forward = counted  # type: ignore[method-assign]
-    verify = rowmod.Row.verify
+    verify, plan = rowmod.Row.verify, rowmod.Row._plan
+    unread: dict[int, int] = {}  # row -> the context its draft lacked when it last planned (what the plan charged)
+
+    def planning(row, alone=True):
+        d = row.draft_kv
+        unread[id(row)] = max(0, len(row.prompt) + len(row.token_ids) - len(d.tokens)) if d is not None else 0
+        return plan(row, alone)
 
     def judged(row, step, logits, masks):
-        d = row.draft_kv  # the context the row's draft lacks, as the row's own plan charges it (Row._plan)
-        unread = max(0, len(row.prompt) + len(row.token_ids) - len(d.tokens)) if d is not None else 0
-        verdict = row.policy.model_verdict(row.constraint.mode, unread)
+        verdict = row.policy.model_verdict(row.constraint.mode, unread.get(id(row), 0))
         out = verify(row, step, logits, masks)
         if count:
             count["rows"][len(step.tokens) + 1] += 1
@@ -135,6 +139,7 @@ def steps(scenario: str, limit: int, max_new_tokens: int) -> None:
         return out
 
     rowmod.Row.verify = judged  # type: ignore[method-assign]
+    rowmod.Row._plan = planning  # type: ignore[method-assign]
     cfg = engine.config.merged(max_retries=0, use_prefix_cache=False)
     for warm in (cfg.merged(enable_speculative=False), cfg):  # the bench's warm-up
         engine.run([{"role": "user", "content": "Say hello."}], None, max_new_tokens=3, config=warm)

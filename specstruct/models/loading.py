@@ -89,11 +89,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 def same_tokenizer_files(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """Whether models `a` and `b` read their tokenizers from byte-identical files (the registry's Qwen2.5-Coder
     pair does): then one tokenizer object serves both, and a draft need not build a second one (about 170 MiB
-    for a 151k-token vocabulary, left as holes in the heap once freed). False where either is not a folder of
-    tokenizer files (a hub id, a bare file's metadata is compared by vocabulary instead) or cannot be resolved."""
+    for a 151k-token vocabulary, left as holes in the heap once freed). A bare .gguf file's tokenizer files are its
+    metadata's, as converted once (`metadata_source`). False where either has no folder of tokenizer files (a hub
+    id) or cannot be opened (loading it then says why)."""
     try:
         folders = [Path(_open_kwargs(resolve(x), tokenizer=True)[0]) for x in (a, b)]
-    except (OSError, ModelNotFoundError):
+    except (OSError, ValueError, ModelNotFoundError):
         return False
     if not all(f.is_dir() for f in folders):
         return False
@@ -115,7 +116,8 @@ def load(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = N
     if "gguf_file" in kw and metadata_source(source) != source:  # a bare file: its config as converted once
         kw["config"] = AutoConfig.from_pretrained(str(metadata_source(source)))
     with _offline_errors(name_or_path, source):
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(tok_where, **tok_kw)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(tok_where, **tok_kw)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
     model = model.to(device).eval()
     return model, tokenizer

@@ -313,7 +313,8 @@ def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtyp
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(str(source))
-        tokenizer = tokenizer or load_tokenizer(name_or_path)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(name_or_path)
         return load_quantized(path, config), tokenizer
     if weights == "gguf":
         raise ModelNotFoundError(f"weights='gguf' needs a GGUF file on the CPU; {name_or_path!r} has none"

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from benchmarks import amx_parts
 
-
-def run(*argv: str) -> int:
-    """The probe's exit code; skipped where it cannot be built here (no compiler, not x86)."""
-    try:
-        return amx_parts.main(list(argv))
-    except SystemExit as exc:
-        pytest.skip(str(exc))
+needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                    reason="no C++ compiler")
 
 
-def test_the_probe_times_every_part_or_says_amx_is_not_granted(capsys):
-    assert run("--rows", "32", "--inputs", "128", "--outputs", "32", "--repeats", "1") == 0
+@needs_compiler
+def test_the_probe_times_every_part_or_says_why_not(capsys):
+    assert amx_parts.main(["--rows", "32", "--inputs", "128", "--outputs", "32", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    if "AMX not granted" in out:
+    if "nothing to measure" in out:  # no AMX listed, or not granted
         return
     lines = [line for line in out.splitlines() if "ns per group-block" in line]
     assert len(lines) == 9 and lines[0].startswith("the kernel's schedule")
 
 
+@needs_compiler
 def test_bad_sizes_are_refused_by_name(capsys):
-    assert run("--rows", "30") == 2
-    assert "rows a multiple of 32" in capsys.readouterr().err
+    code = amx_parts.main(["--rows", "30"])
+    said = capsys.readouterr()
+    if "nothing to measure" in said.out:
+        pytest.skip("no AMX here: the probe does not build")
+    assert code == 2 and "rows a multiple of 32" in said.err
