@@ -118,8 +118,7 @@ def steps(scenario: str, limit: int, max_new_tokens: int) -> None:
     unread: dict[int, int] = {}  # row -> the context its draft lacked when it last planned (what the plan charged)
 
     def planning(row, alone=True):
-        d = row.draft_kv
-        unread[id(row)] = max(0, len(row.prompt) + len(row.token_ids) - len(d.tokens)) if d is not None else 0
+        unread[id(row)] = row.draft_unread()
         return plan(row, alone)
 
     def judged(row, step, logits, masks):

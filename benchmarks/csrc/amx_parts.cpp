@@ -18,23 +18,9 @@
 #include <random>
 #include <vector>
 
-constexpr int NO = 16, ROWS = 16, G = 32, QUADS = G / 4;
-using TileBytes = uint8_t[1024];
-#define TILE_LOAD(t, base, stride)                                                                 \
-  asm volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*reinterpret_cast<const TileBytes*>(base)), \
-               "r"(base), "r"((int64_t)(stride)))
-#define TILE_STORE(t, base, stride)                                                              \
-  asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*reinterpret_cast<TileBytes*>(base)) \
-               : "r"(base), "r"((int64_t)(stride)))
-#define TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
-#define TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-#define ROWS16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#include "../../specstruct/runtime/csrc/amx_tiles.h"  // the kernel's own tile instructions
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+constexpr int NO = 16, ROWS = 16, G = 32, QUADS = G / 4;
 static void configure() {  // as blockq_linear.cpp: 0-3 sums, 4-5 activations, 6-7 weights
   TileConfig c;
   for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;

@@ -122,10 +122,13 @@ class Row:
             raise RuntimeError("internal error: the row has no KV sequence (not admitted, paused or removed)")
         return self.kv
 
+    def draft_unread(self) -> int:
+        """The context tokens the row's draft cache lacks (it may hold a prefix): what drafting now reads first."""
+        d = self.draft_kv
+        return max(0, len(self.prompt) + len(self.token_ids) - len(d.tokens)) if d is not None else 0
+
     def _plan(self, alone: bool = True) -> Plan:
-        d = self.draft_kv  # what the draft would read before drafting for this row (its cache may hold a prefix)
-        unread = len(self.prompt) + len(self.token_ids) - len(d.tokens) if d is not None else 0
-        return self.policy.plan(self.constraint.mode, self.config, alone, unread=max(0, unread))
+        return self.policy.plan(self.constraint.mode, self.config, alone, unread=self.draft_unread())
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:

@@ -366,24 +366,13 @@ static void panel_vnni(const uint8_t* __restrict w, const Scales& sc, int64_t ng
 // such u - z fits int8), so the tile's sums are D - z*A already. Then the same float operations per group as
 // panel_vnni, lane for lane, so the same bits (float(D) and float(D - z*A) by VCVTDQ2PS: exact, as MAGIC's bits are).
 // Linux grants a process the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU lacks AMX or
-// the OS refuses (some virtual machines list AMX and refuse it), the VNNI path runs. The tile instructions are
-// written here with the memory each reads or writes as an operand (the compiler's own intrinsics name none, so it
-// could move the tile loads and stores across the plain ones around them; a "memory" clobber instead makes it keep
-// the accumulators in memory, a load and a store per row and group).
+// the OS refuses (some virtual machines list AMX and refuse it), the VNNI path runs. The tile instructions
+// (amx_tiles.h) name the memory each reads or writes, so the accumulators stay in registers.
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define SPECSTRUCT_AMX 1
-using TileBytes = uint8_t[1024];  // the most bytes a tile load or store here touches (16 rows x 64 bytes)
-#define TILE_LOAD(t, base, stride)                                                                 \
-  asm volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*reinterpret_cast<const TileBytes*>(base)), \
-               "r"(base), "r"((int64_t)(stride)))
-#define TILE_STORE(t, base, stride)                                                              \
-  asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*reinterpret_cast<TileBytes*>(base)) \
-               : "r"(base), "r"((int64_t)(stride)))
-#define TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
-#define TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-#define TILE_DPBSSD(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#include "amx_tiles.h"  // the tile instructions, TileConfig, ROWS16
 
 static bool amx_granted() {  // AMX-TILE and AMX-INT8 listed, and the tile state granted to this process
   static const bool granted = [] {
@@ -400,12 +389,6 @@ constexpr int AMX_ROWS = 16;                // rows per tile: blocks of 16 rows,
 // started to win on the 2-core Xeon (`python -m benchmarks.int8_peak --amx-ab`: 0.55-0.80x at 16 rows, 0.77-0.98x
 // at 32, 0.90-0.99x at 48, 0.99-1.07x at 64, 1.06-1.21x at 256). Tests lower it (amx_min_rows) to reach the tiles.
 static std::atomic<int64_t> amx_min_rows{64};
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Tiles 0-3: D (16 rows x 16 int32); 4, 5: activations (16 rows x G bytes); 6, 7: weights (G/4 quads x 64 bytes).
 template <int G>
@@ -454,9 +437,6 @@ static inline __attribute__((always_inline)) void amx_row(const int32_t* __restr
     acc = _mm512_fmadd_ps(inner, _mm512_set1_ps(s), acc);  // float(D) by VCVTDQ2PS: exact
   }
 }
-// The 16 rows of a block, each with its own accumulator variable (an array of them would live in memory: the
-// compiler keeps an array whose address a call takes on the stack, a load and a store per row and group).
-#define ROWS16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
 // A block of 16 rows (the first R real) against one unpacked panel. q: the block's activations group-major (row r's
 // group g at (g * 16 + r) * G), s and fa likewise (g * 16 + r). Four groups in flight: the tile unit computes the
