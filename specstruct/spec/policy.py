@@ -37,7 +37,7 @@ pass, the draft model measured slower, forced tokens included; docs/benchmarks.m
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from specstruct.config import SpecConfig
 from specstruct.constraints.base import Mode
@@ -61,6 +61,9 @@ PROBE_COLD_EVERY = 8 * PROBE_ARM_EVERY  # steps after which a probe reads a cold
 PRIOR_READ = 0.1  # prior seconds for the draft to read one context token, as a share of one draft step
 
 
+ROW_WEIGHT = 0.5  # weight of a row's newest verdict in its own first-token rate of a copying proposer (RowRates)
+
+
 def expected_tokens(a: float, k: int) -> float:
     """Expected tokens per step with k drafts accepted independently with probability a (bonus token included)."""
     if a >= 1.0:
@@ -75,6 +78,28 @@ def _sizing(name: str) -> Sizing:
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - EMA) * old + EMA * new
+
+
+class RowRates:
+    """One row's own first-token rates of its copying proposers, which size its copies (`AdaptivePolicy.plan`).
+
+    The mode's rates mix every request's steps. An agent's "auto" turn (free text under a grammar that also admits a
+    tool call) shares the grammar mode with its "required" turns, where the suffix index's guesses land; on the
+    free text they miss step after step, each miss a pass over rows the target rejects. A row's rate starts from
+    the mode's and moves by ROW_WEIGHT per verdict, so a copy that keeps missing stops for that row after a few
+    steps (probed again every PROBE_EVERY) and a row whose copies land keeps them whatever the mode's rate says."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+
+    def observe(self, policy: AdaptivePolicy, mode: Mode, drafter: str, accepted: int) -> None:
+        """A judged step of `drafter` (a copying one; others are ignored): whether its first token was accepted."""
+        if _sizing(drafter) is not Sizing.COPY:
+            return
+        old = self.first.get(drafter)
+        if old is None:
+            old = policy.lookup_rates(mode, drafter)[0]
+        self.first[drafter] = (1 - ROW_WEIGHT) * old + ROW_WEIGHT * float(accepted > 0)
 
 
 class AdaptivePolicy:
@@ -105,10 +130,12 @@ class AdaptivePolicy:
         self.arm_idle: dict[Mode, int] = defaultdict(int)
 
     # -- planning ---------------------------------------------------------------------------------------------
-    def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True, unread: int = 0) -> Plan:
+    def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True, unread: int = 0,
+             first: Mapping[str, float] | None = None) -> Plan:
         """What each drafter may propose at a row's next step; `alone`: the row has the pass to itself (the arms
         are measured on such steps; in a batch the batch policy weighs the draft model by its costs); `unread`: the
-        context tokens the row's draft cache lacks (what using the draft model now would make it read first)."""
+        context tokens the row's draft cache lacks (what using the draft model now would make it read first);
+        `first`: the row's own first-token rates of copying proposers (RowRates), which size its copies."""
         cfg = config or self.config
         cap = cfg.cap(mode)
         if not cfg.enable_speculative or cap <= 0:
@@ -117,14 +144,15 @@ class AdaptivePolicy:
         for t in self.available:
             if not getattr(cfg, t.switch):
                 continue
-            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone, unread)
+            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone, unread, first)
         drafters = [t.name for t in self.available if limits.get(t.name, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
-    def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True, unread: int = 0) -> int:
+    def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True, unread: int = 0,
+               first: Mapping[str, float] | None = None) -> int:
         key = (mode, t.name)
         if t.sizing is Sizing.COPY:
-            best = self.lookup_k(mode, cap, t.name)
+            best = self.lookup_k(mode, cap, t.name, None if first is None else first.get(t.name))
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
             if t.model_step and self.use_timing and not self._model_arm(mode, alone, unread):
@@ -174,9 +202,12 @@ class AdaptivePolicy:
         """A copying proposer's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
         return self.lookup.get((mode, name), PRIOR_LOOKUP)
 
-    def lookup_k(self, mode: Mode, k_max: int, name: str) -> int:
-        """A copying proposer's length in 0..k_max that maximises expected tokens per unit of pass time."""
+    def lookup_k(self, mode: Mode, k_max: int, name: str, first: float | None = None) -> int:
+        """A copying proposer's length in 0..k_max that maximises expected tokens per unit of pass time (`first`:
+        the row's own first-token rate, in place of the mode's)."""
         p, a = self.lookup_rates(mode, name)
+        if first is not None:
+            p = first
         best, best_rate = 0, 1.0
         for k in range(1, k_max + 1):
             rate = (1.0 + p * expected_tokens(a, k - 1)) / self.verify_ratio(k + 1)

@@ -17,7 +17,7 @@ from specstruct.constraints.base import Constraint, Mode, bitmask_words, fill_bi
 from specstruct.errors import ConstraintError
 from specstruct.results import DrafterStats, Stats
 from specstruct.spec.interfaces import Plan, Proposal, Proposer, Sequence_, TenantDrafter
-from specstruct.spec.policy import AdaptivePolicy
+from specstruct.spec.policy import AdaptivePolicy, RowRates
 from specstruct.spec.proposers.draft_model import DraftState
 from specstruct.spec.proposers.registry import Proposers
 from specstruct.spec.stops import IncrementalText, StopScanner
@@ -105,6 +105,7 @@ class Row:
         # the engine's policy (what it learned), planned and taught with this request's config; a seeded sample must
         # not depend on timings, earlier requests or the batch: it plans from this request alone
         self.policy = AdaptivePolicy(config, set(speculator.drafters), use_timing=False) if self.seeded else speculator.policy
+        self.rates = RowRates()  # this request's own copy rates (its free text may not copy as the mode's rows do)
         self.generator = torch.Generator().manual_seed(generator_seed(config.seed) if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
         self.kv: Sequence_ | None = None  # the target KV sequence, made on admission
@@ -128,7 +129,8 @@ class Row:
         return max(0, len(self.prompt) + len(self.token_ids) - len(d.tokens)) if d is not None else 0
 
     def _plan(self, alone: bool = True) -> Plan:
-        return self.policy.plan(self.constraint.mode, self.config, alone, unread=self.draft_unread())
+        return self.policy.plan(self.constraint.mode, self.config, alone, unread=self.draft_unread(),
+                                first=self.rates.first)
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:
@@ -319,6 +321,7 @@ class Row:
                 st.judged += seen
                 st.accepted += got
                 self.policy.observe(self.constraint.mode, name, seen, got, self.config)
+                self.rates.observe(self.policy, self.constraint.mode, name, got)
 
 
 class Step:

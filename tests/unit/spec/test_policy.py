@@ -1,7 +1,7 @@
 """The candidate policy on its own: no model needed."""
 
 from specstruct.config import SpecConfig
-from specstruct.spec.policy import AdaptivePolicy, expected_tokens
+from specstruct.spec.policy import PROBE_EVERY, AdaptivePolicy, RowRates, expected_tokens
 from specstruct.testing import draft_first
 
 ALL = {"forced", "lookup", "guess", "model"}
@@ -230,3 +230,27 @@ def test_a_probe_of_the_draft_waits_for_a_warm_draft_cache():
     # rows that always start cold still probe, at the longest every PROBE_COLD_EVERY steps
     cold = [pol.plan("json", unread=300) for _ in range(PROBE_COLD_EVERY)]
     assert sum("model" in p.drafters for p in cold) == 1
+
+
+def test_a_rows_own_misses_stop_its_copies_while_the_modes_rows_keep_theirs():
+    """An agent's free-text turn shares the grammar mode with tool-call turns whose copies land: its own misses,
+    not the mode's rate, size its copies (RowRates); other rows still copy at the mode's rate."""
+    pol, cap = AdaptivePolicy(SpecConfig(), ALL), SpecConfig().cap("grammar")
+    for _ in range(20):  # the tool-call turns: the first token lands most of the time, the copy after it too
+        pol.observe("grammar", "lookup", 6, 5)
+    full = pol.plan("grammar").limits["lookup"]
+    assert full == pol.lookup_k("grammar", cap, "lookup") > 1
+    free = RowRates()
+    misses = 0
+    while pol.plan("grammar", first=free.first).limits["lookup"] > 0:
+        free.observe(pol, "grammar", "lookup", 0)  # the free text's guess: rejected at its first token
+        pol.observe("grammar", "lookup", 1, 0)
+        misses += 1
+    assert misses <= 6
+    limits = [pol.plan("grammar", first=free.first).limits["lookup"] for _ in range(PROBE_EVERY)]
+    assert limits.count(0) == PROBE_EVERY - 1 and limits.count(1) == 1  # off, probed once per PROBE_EVERY
+    assert pol.plan("grammar", first=RowRates().first).limits["lookup"] > 1  # a new row starts from the mode's
+    free.observe(pol, "grammar", "lookup", 1)  # a probe that lands puts the copies back for the row
+    assert pol.plan("grammar", first=free.first).limits["lookup"] > 1
+    free.observe(pol, "grammar", "model", 0)  # not a copying proposer: no row rate
+    assert "model" not in free.first
