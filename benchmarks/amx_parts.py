@@ -9,7 +9,9 @@ blockq_linear.cpp) for one format (groups of 32 inputs, affine: Q4_K's), on rand
 path's bits the vector path's). Each part is switched off in turn, so the lines say which part the time goes to and
 whether the tile unit and the vector unit overlap (if they did, the whole would take about the larger part, not
 their sum). A second schedule, 2 blocks of rows x 2 panels per group, shows what reusing each loaded tile for two
-products buys when the accumulators (64 then) must live in memory.
+products buys when the accumulators (64 then) must live in memory. A third times the schedule llama.cpp's K-quant
+numerics would allow (one activation scale per 256 inputs, the sub-scales applied to exact integer sums: a float step
+per super-block, not per group), which the kernel does not use: it costs accuracy (docs/benchmarks.md).
 
 Built with the machine's compiler (`-O3 -march=native`) into a temporary folder on each run (a second or two). On a
 CPU that does not list AMX and AVX-512 it says so without building; where the OS does not grant the tile state,
@@ -45,7 +47,7 @@ def build(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=256, help="rows of the product (a multiple of 32)")
-    ap.add_argument("--inputs", type=int, default=1536, help="inputs (a multiple of 128)")
+    ap.add_argument("--inputs", type=int, default=1536, help="inputs (a multiple of 256)")
     ap.add_argument("--outputs", type=int, default=1536, help="outputs (a multiple of 32)")
     ap.add_argument("--repeats", type=int, default=9, help="timed runs per variant (median)")
     args = ap.parse_args(argv)
