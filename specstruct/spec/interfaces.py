@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from specstruct.config import SpecConfig
+    from specstruct.spec.policy import RowRates
 
 
 @dataclass
@@ -148,7 +149,8 @@ class Plan:
 class Policy(Protocol):
     """What the row and the batch ask of the policy (policy.AdaptivePolicy; batch_policy.py reads its costs)."""
 
-    def plan(self, mode: Mode, config: "SpecConfig | None" = None, alone: bool = True, unread: int = 0) -> Plan: ...
+    def plan(self, mode: Mode, config: "SpecConfig | None" = None, alone: bool = True, unread: int = 0,
+             own: "RowRates | None" = None) -> Plan: ...
 
     def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int,
                 config: "SpecConfig | None" = None) -> None: ...

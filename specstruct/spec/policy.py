@@ -1,7 +1,8 @@
 """The candidate policy: how many tokens each drafter may propose at the next step.
 
 Reads the output mode (long drafts for JSON, code and grammars; short ones for free text), the acceptance history
-per mode and drafter (moving averages), and the measured costs: a target pass over r rows, T(r), and a draft-model
+per mode and drafter (moving averages; a copying drafter's first token also per request: RowRates), and the
+measured costs: a target pass over r rows, T(r), and a draft-model
 step, c * T(1). With acceptance a and k drafted tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a)
 tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
 when the best k beats k = 0; free drafters (forced text, prompt lookup, guesses) cost only the extra verification rows.
@@ -37,7 +38,7 @@ pass, the draft model measured slower, forced tokens included; docs/benchmarks.m
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from specstruct.config import SpecConfig
 from specstruct.constraints.base import Mode
@@ -87,10 +88,23 @@ class RowRates:
     tool call) shares the grammar mode with its "required" turns, where the suffix index's guesses land; on the
     free text they miss step after step, each miss a pass over rows the target rejects. A row's rate starts from
     the mode's and moves by ROW_WEIGHT per verdict, so a copy that keeps missing stops for that row after a few
-    steps (probed again every PROBE_EVERY) and a row whose copies land keeps them whatever the mode's rate says."""
+    steps, and a row whose copies land keeps planning them whatever the mode's rate says (in a batch, trimming
+    still values a copy at the mode's rate: batch_policy.free_lengths). A copy the row's rate switched off is probed
+    every PROBE_EVERY of the row's own steps (a count of the row's: the mode's is reset by every batched pass in
+    which another row's copy was judged), so a turn that moves from free text into a tool call gets its copies back
+    after its next probe lands."""
 
     def __init__(self) -> None:
         self.first: dict[str, float] = {}
+        self.idle: dict[str, int] = defaultdict(int)  # the row's steps since its last probe of a switched-off copy
+
+    def probe(self, drafter: str) -> int:
+        """The length of a copy this row's rate switched off: 1 every PROBE_EVERY steps (a probe), else 0."""
+        self.idle[drafter] += 1
+        if self.idle[drafter] < PROBE_EVERY:
+            return 0
+        self.idle[drafter] = 0
+        return 1
 
     def observe(self, policy: AdaptivePolicy, mode: Mode, drafter: str, accepted: int) -> None:
         """A judged step of `drafter` (a copying one; others are ignored): whether its first token was accepted."""
@@ -131,11 +145,11 @@ class AdaptivePolicy:
 
     # -- planning ---------------------------------------------------------------------------------------------
     def plan(self, mode: Mode, config: SpecConfig | None = None, alone: bool = True, unread: int = 0,
-             first: Mapping[str, float] | None = None) -> Plan:
+             own: RowRates | None = None) -> Plan:
         """What each drafter may propose at a row's next step; `alone`: the row has the pass to itself (the arms
         are measured on such steps; in a batch the batch policy weighs the draft model by its costs); `unread`: the
         context tokens the row's draft cache lacks (what using the draft model now would make it read first);
-        `first`: the row's own first-token rates of copying proposers (RowRates), which size its copies."""
+        `own`: the row's own first-token rates of copying proposers, which size its copies (RowRates)."""
         cfg = config or self.config
         cap = cfg.cap(mode)
         if not cfg.enable_speculative or cap <= 0:
@@ -144,15 +158,17 @@ class AdaptivePolicy:
         for t in self.available:
             if not getattr(cfg, t.switch):
                 continue
-            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone, unread, first)
+            limits[t.name] = cap if t.sizing is Sizing.CAP else self._limit(mode, t, cap, cfg, alone, unread, own)
         drafters = [t.name for t in self.available if limits.get(t.name, 0) > 0]
         return Plan(k=cap, drafters=drafters, limits=limits)
 
     def _limit(self, mode: Mode, t: Traits, cap: int, cfg: SpecConfig, alone: bool = True, unread: int = 0,
-               first: Mapping[str, float] | None = None) -> int:
+               own: RowRates | None = None) -> int:
         key = (mode, t.name)
+        if t.sizing is Sizing.COPY and own is not None:  # the row's own rate, and its own probes where it is off
+            return self.lookup_k(mode, cap, t.name, own.first.get(t.name)) or own.probe(t.name)
         if t.sizing is Sizing.COPY:
-            best = self.lookup_k(mode, cap, t.name, None if first is None else first.get(t.name))
+            best = self.lookup_k(mode, cap, t.name)
         else:
             k = self.k.setdefault(key, max(0, min(cfg.initial_candidates, cap)))
             if t.model_step and self.use_timing and not self._model_arm(mode, alone, unread):
@@ -202,12 +218,12 @@ class AdaptivePolicy:
         """A copying proposer's (first-token, copy) acceptance rates in `mode`: measured, else PRIOR_LOOKUP."""
         return self.lookup.get((mode, name), PRIOR_LOOKUP)
 
-    def lookup_k(self, mode: Mode, k_max: int, name: str, first: float | None = None) -> int:
-        """A copying proposer's length in 0..k_max that maximises expected tokens per unit of pass time (`first`:
-        the row's own first-token rate, in place of the mode's)."""
+    def lookup_k(self, mode: Mode, k_max: int, name: str, own_first: float | None = None) -> int:
+        """A copying proposer's length in 0..k_max that maximises expected tokens per unit of pass time (`own_first`:
+        a row's own first-token rate, in place of the mode's)."""
         p, a = self.lookup_rates(mode, name)
-        if first is not None:
-            p = first
+        if own_first is not None:
+            p = own_first
         best, best_rate = 0, 1.0
         for k in range(1, k_max + 1):
             rate = (1.0 + p * expected_tokens(a, k - 1)) / self.verify_ratio(k + 1)

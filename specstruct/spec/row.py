@@ -129,8 +129,7 @@ class Row:
         return max(0, len(self.prompt) + len(self.token_ids) - len(d.tokens)) if d is not None else 0
 
     def _plan(self, alone: bool = True) -> Plan:
-        return self.policy.plan(self.constraint.mode, self.config, alone, unread=self.draft_unread(),
-                                first=self.rates.first)
+        return self.policy.plan(self.constraint.mode, self.config, alone, unread=self.draft_unread(), own=self.rates)
 
     @staticmethod
     def _live(mask: torch.Tensor) -> None:
@@ -320,8 +319,9 @@ class Row:
                 st.proposed += seen
                 st.judged += seen
                 st.accepted += got
-                self.policy.observe(self.constraint.mode, name, seen, got, self.config)
+                # the row's rate first: it starts from the mode's before this verdict moves that
                 self.rates.observe(self.policy, self.constraint.mode, name, got)
+                self.policy.observe(self.constraint.mode, name, seen, got, self.config)
 
 
 class Step:

@@ -242,15 +242,31 @@ def test_a_rows_own_misses_stop_its_copies_while_the_modes_rows_keep_theirs():
     assert full == pol.lookup_k("grammar", cap, "lookup") > 1
     free = RowRates()
     misses = 0
-    while pol.plan("grammar", first=free.first).limits["lookup"] > 0:
-        free.observe(pol, "grammar", "lookup", 0)  # the free text's guess: rejected at its first token
-        pol.observe("grammar", "lookup", 1, 0)
+    while pol.plan("grammar", own=free).limits["lookup"] > 0:
+        free.observe(pol, "grammar", "lookup", 0)  # the free text's guess: rejected at its first token (the row's
+        pol.observe("grammar", "lookup", 1, 0)  # rate first, as Row._record does)
         misses += 1
-    assert misses <= 6
-    limits = [pol.plan("grammar", first=free.first).limits["lookup"] for _ in range(PROBE_EVERY)]
-    assert limits.count(0) == PROBE_EVERY - 1 and limits.count(1) == 1  # off, probed once per PROBE_EVERY
-    assert pol.plan("grammar", first=RowRates().first).limits["lookup"] > 1  # a new row starts from the mode's
-    free.observe(pol, "grammar", "lookup", 1)  # a probe that lands puts the copies back for the row
-    assert pol.plan("grammar", first=free.first).limits["lookup"] > 1
+    assert misses <= 4
+    assert pol.plan("grammar", own=RowRates()).limits["lookup"] > 1  # a new row starts from the mode's rate
+    assert free.first["lookup"] < 0.1 < pol.lookup_rates("grammar", "lookup")[0]
     free.observe(pol, "grammar", "model", 0)  # not a copying proposer: no row rate
     assert "model" not in free.first
+
+
+def test_a_row_probes_the_copies_its_own_rate_switched_off_whatever_the_batch_does():
+    """A row whose copies its own misses switched off plans a one-token probe every PROBE_EVERY of its own steps,
+    even while every batched pass resets the mode's probe count (another row's copies judged), and a probe that
+    lands puts its copies back."""
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    for _ in range(20):
+        pol.observe("grammar", "lookup", 6, 5)
+    free = RowRates()
+    for _ in range(6):
+        free.observe(pol, "grammar", "lookup", 0)
+    limits = []
+    for _ in range(3 * PROBE_EVERY):
+        limits.append(pol.plan("grammar", own=free).limits["lookup"])
+        pol.idle_steps[("grammar", "lookup")] = 0  # a batched pass in which another row's copy was judged
+    assert limits.count(1) == 3 and limits.count(0) == 3 * PROBE_EVERY - 3
+    free.observe(pol, "grammar", "lookup", 1)  # the probe landed
+    assert pol.plan("grammar", own=free).limits["lookup"] > 1
