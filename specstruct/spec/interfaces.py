@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     import torch
 
     from specstruct.config import SpecConfig
-    from specstruct.spec.policy import RowRates
 
 
 @dataclass
@@ -150,7 +149,7 @@ class Policy(Protocol):
     """What the row and the batch ask of the policy (policy.AdaptivePolicy; batch_policy.py reads its costs)."""
 
     def plan(self, mode: Mode, config: "SpecConfig | None" = None, alone: bool = True, unread: int = 0,
-             own: "RowRates | None" = None) -> Plan: ...
+             own: Any = None) -> Plan: ...  # own: the row's policy.RowRates (typed there: no import cycle)
 
     def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int,
                 config: "SpecConfig | None" = None) -> None: ...

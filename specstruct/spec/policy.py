@@ -2,9 +2,9 @@
 
 Reads the output mode (long drafts for JSON, code and grammars; short ones for free text), the acceptance history
 per mode and drafter (moving averages; a copying drafter's first token also per request: RowRates), and the
-measured costs: a target pass over r rows, T(r), and a draft-model
-step, c * T(1). With acceptance a and k drafted tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a)
-tokens for k * c * T(1) + T(k+1) seconds, against T(1) per token without drafting. The draft model is only used
+measured costs: a target pass over r rows, T(r), and a draft-model step, c * T(1). With acceptance a and k drafted
+tokens a step yields on average E(k) = (1 - a^(k+1)) / (1 - a) tokens for k * c * T(1) + T(k+1) seconds, against
+T(1) per token without drafting. The draft model is only used
 when the best k beats k = 0; free drafters (forced text, prompt lookup, guesses) cost only the extra verification rows.
 
 A copying proposer (prompt lookup, the suffix index) is judged differently: its first token is a guess (did the text
@@ -60,8 +60,6 @@ PROBE_UNREAD = 2  # context tokens a probing draft may read first (the last acce
 PROBE_COLD_EVERY = 8 * PROBE_ARM_EVERY  # steps after which a probe reads a cold context anyway (a slow verdict may
 # come from a moment of load: without this, lone rows that start cold would never give the draft another chance)
 PRIOR_READ = 0.1  # prior seconds for the draft to read one context token, as a share of one draft step
-
-
 ROW_WEIGHT = 0.5  # weight of a row's newest verdict in its own first-token rate of a copying proposer (RowRates)
 
 
