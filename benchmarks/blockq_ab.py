@@ -36,12 +36,21 @@ SHAPES = [(256, 1536), (1536, 1536), (8960, 1536), (1536, 8960)]
 ROWS = [1, 9, 64, 235]
 
 
+def show(commit: str, path: str) -> str:
+    """A file of the repository at a commit."""
+    return subprocess.run(["git", "show", f"{commit}:{path}"], check=True, capture_output=True, text=True).stdout
+
+
 def other_kernel(source: str | None, commit: str | None):
     """Build the other version (a distinct extension name, so both load in one process)."""
     if commit:
-        text = subprocess.run(["git", "show", f"{commit}:{SOURCE}"], check=True, capture_output=True, text=True).stdout
-        path = Path(tempfile.mkdtemp()) / "blockq_other.cpp"
-        path.write_text(text)
+        folder = Path(tempfile.mkdtemp())
+        listed = subprocess.run(["git", "ls-tree", "--name-only", commit, str(Path(SOURCE).parent) + "/"], check=True,
+                                capture_output=True, text=True).stdout.split()
+        for header in (name for name in listed if name.endswith(".h")):  # the headers it includes, as of then
+            (folder / Path(header).name).write_text(show(commit, header))
+        path = folder / "blockq_other.cpp"
+        path.write_text(show(commit, SOURCE))
     else:
         path = Path(source)
     other = native.Kernel("specstruct_blockq_other", path, "the other block-quantized kernel", "", march="native")
