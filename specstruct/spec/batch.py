@@ -218,8 +218,8 @@ class BatchDecoder:
     def _size_free(self, decoding: list[Row], steps: dict[int, Step]) -> None:
         """In a pass of several rows, keep the free candidates that raise the batch's expected tokens per second
         (batch_policy.free_lengths); a lone row keeps all its own (its verification rows are nearly free)."""
-        chains = [r.policy.candidate_rates(r.constraint.mode, steps[id(r)].segments, r.config.adaptive_threshold)
-                  for r in decoding]
+        chains = [r.policy.candidate_rates(r.constraint.mode, steps[id(r)].segments, r.config.adaptive_threshold,
+                                           own=r.rates) for r in decoding]
         keep = free_lengths(self.speculator.policy, chains, [r.seeded for r in decoding])
         shared = [i for i, r in enumerate(decoding) if r.policy is self.speculator.policy]  # not a seeded row's own
         probed = probe_trimmed(self.speculator.policy,

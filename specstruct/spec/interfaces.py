@@ -162,8 +162,10 @@ class Policy(Protocol):
         """The model-step proposer's acceptance rate in `mode` (None before it was measured)."""
         ...
 
-    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float) -> list[float]:
-        """Per candidate of a step, its proposer's acceptance rate (`default` before it was measured)."""
+    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float,
+                        own: Any = None) -> list[float]:
+        """Per candidate of a step, its proposer's acceptance rate (`default` before it was measured; `own`: the
+        row's policy.RowRates, whose first-token rates a copy's first candidate takes)."""
         ...
 
 

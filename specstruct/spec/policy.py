@@ -87,7 +87,7 @@ class RowRates:
     free text they miss step after step, each miss a pass over rows the target rejects. A row's rate starts from
     the mode's and moves by ROW_WEIGHT per verdict, so a copy that keeps missing stops for that row after a few
     steps, and a row whose copies land keeps planning them whatever the mode's rate says (in a batch, trimming
-    still values a copy at the mode's rate: batch_policy.free_lengths). A copy the row's rate switched off is probed
+    values them at the row's rate too: `candidate_rates`). A copy the row's rate switched off is probed
     every PROBE_EVERY of the row's own steps (a count of the row's: the mode's is reset by every batched pass in
     which another row's copy was judged), so a turn that moves from free text into a tool call gets its copies back
     after its next probe lands."""
@@ -199,13 +199,17 @@ class AdaptivePolicy:
         """The model-step proposer's measured acceptance rate in `mode` (None before it was measured)."""
         return self.rate[(mode, self.model)] if self.model is not None else None
 
-    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float) -> list[float]:
+    def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float,
+                        own: RowRates | None = None) -> list[float]:
         """Per candidate of a step (`segments`: (proposer, count) in order), its proposer's acceptance rate as
-        measured (`default` before it was): a copy's first token is a guess, the rest a copy (lookup_rates)."""
+        measured (`default` before it was): a copy's first token is a guess, the rest a copy (lookup_rates); with
+        `own`, the guess is valued at the row's own first-token rate, as `plan` sized it."""
         out: list[float] = []
         for name, count in segments:
             if _sizing(name) is Sizing.COPY:
                 first, copy = self.lookup_rates(mode, name)
+                if own is not None:
+                    first = own.first.get(name, first)
                 out += [first] + [copy] * (count - 1)
                 continue
             rate = self.rate[(mode, name)]

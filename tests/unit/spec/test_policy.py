@@ -270,3 +270,24 @@ def test_a_row_probes_the_copies_its_own_rate_switched_off_whatever_the_batch_do
     assert limits.count(1) == 3 and limits.count(0) == 3 * PROBE_EVERY - 3
     free.observe(pol, "grammar", "lookup", 1)  # the probe landed
     assert pol.plan("grammar", own=free).limits["lookup"] > 1
+
+
+def test_in_a_batch_a_rows_copies_are_trimmed_by_its_own_rate():
+    """Trimming a batched pass values a row's copies as `plan` sized them: at the row's own first-token rate. A
+    free-text row whose copies keep missing loses them; a row of the same mode whose copies land keeps its own."""
+    from specstruct.spec.batch_policy import free_lengths
+
+    pol = AdaptivePolicy(SpecConfig(), ALL)
+    for _ in range(20):
+        pol.observe("grammar", "lookup", 6, 5)
+    pol.target_cost = {1: 1.0, 8: 1.3, 32: 2.5}  # seconds of a target pass by rows: rows cost once a pass is full
+    missing = RowRates()
+    for _ in range(6):
+        missing.observe(pol, "grammar", "lookup", 0)
+    segments = [("lookup", 6)]
+    mode_chain = pol.candidate_rates("grammar", segments, 0.7)
+    own_chain = pol.candidate_rates("grammar", segments, 0.7, own=missing)
+    assert own_chain[0] == missing.first["lookup"] < 0.1 < mode_chain[0] and own_chain[1:] == mode_chain[1:]
+    assert pol.candidate_rates("grammar", segments, 0.7, own=RowRates()) == mode_chain  # no verdict of its own yet
+    kept = free_lengths(pol, [own_chain, mode_chain, mode_chain, mode_chain], [False] * 4)
+    assert kept[0] == 0 and min(kept[1:]) > 1
