@@ -35,12 +35,31 @@ static void configure() {  // as blockq_linear.cpp: 0-3 sums, 4-5 activations, 6
   asm volatile("ldtilecfg %0" ::"m"(c));
 }
 
+// Buffers on cache-line boundaries, as a tile load wants them: on std::vector's 16-byte alignment each tile row
+// straddles two lines and the tile loads + TDPBSUD took 2.2x as long (the kernel's own buffers measured no
+// different aligned: `python -m benchmarks.blockq_ab --source` with its scratch aligned, 0.97-1.00x).
+template <class T>
+struct Lines64 {
+  using value_type = T;
+  Lines64() = default;
+  template <class U>
+  Lines64(const Lines64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)); }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const Lines64<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const Lines64<U>&) const { return false; }
+};
+template <class T>
+using vec = std::vector<T, Lines64<T>>;
+
 struct Data {  // one panel (unpacked) and every row's activations, group-major per block of 16 rows
   int64_t M, K, ng;
-  std::vector<uint8_t> wb0, wb1, kw;  // kw: the K-quant schedule's hi and lo weight tiles, 2 KB per 64 inputs
-  std::vector<int32_t> mp, ap;        // its sub-min pairs (4 per super-block) and each row's pairs of group sums
-  std::vector<float> dv, mv, s, fa, y;
-  std::vector<int8_t> q;
+  vec<uint8_t> wb0, wb1, kw;  // kw: the K-quant schedule's hi and lo weight tiles, 2 KB per 64 inputs
+  vec<int32_t> mp, ap;        // its sub-min pairs (4 per super-block) and each row's pairs of group sums
+  vec<float> dv, mv, s, fa, y;
+  vec<int8_t> q;
 };
 
 static inline __attribute__((always_inline)) void row_reg(const int32_t* d, __m512 dv, __m512 mv, float s, float fa,
