@@ -2,8 +2,9 @@
 decoding step's wall time goes.
 
 Every variant runs on the same engine and weights in one process; the order of the variants rotates from prompt
-to prompt (A/B alternation on a shared machine) and each run starts from a fresh policy, so no variant inherits
-another's learned draft lengths. Speedups are per-prompt ratios of decode-only tokens/s (prefill removed) over
+to prompt (A/B alternation on a shared machine) and each run starts from a fresh policy and is a tenant of its own
+(`cache_salt`), so no variant inherits another's learned draft lengths, copies its output of the same prompt (the
+suffix index) or reads its cached prompt. Speedups are per-prompt ratios of decode-only tokens/s (prefill removed) over
 target-only, summarised by their median; greedy outputs are checked token for token against target-only.
 
     python -m benchmarks.ablation --limit 3 --variants target-only,all,no-arbitration,model-only
@@ -123,7 +124,9 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
             change = {k: x for k, x in VARIANTS[v].items() if k != "draft_numerics"}
             if "max_candidates" in change:
                 change["max_candidates"] = {**eng.config.max_candidates, **change["max_candidates"]}
-            cfg = eng.config.merged(max_new_tokens=max_new_tokens, **change)
+            # a tenant of its own: no variant copies another's output of this prompt (the suffix index) or reads its
+            # cached prompt
+            cfg = eng.config.merged(max_new_tokens=max_new_tokens, cache_salt=f"ablation {v} {i} {w.id}", **change)
             eng.speculator.policy = AdaptivePolicy(cfg, set(eng.speculator.drafters))
             ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
             timer = timers[id(eng)]
@@ -190,7 +193,8 @@ def markdown(summary: dict[str, Any]) -> str:
 def main(limit: int = typer.Option(3, "--limit", help="prompts"),
          scenario: str = typer.Option("extraction", "--scenario",
                                       help="extraction (typed extraction JSON) | json (the bench's JSON prompts: "
-                                           "extraction and JSONSchemaBench interleaved) | code | prose"),
+                                           "extraction and JSONSchemaBench interleaved) | code | prose | document "
+                                           "(typed extraction from 1,000-3,000-token documents)"),
          variants: str = typer.Option("target-only,all,no-arbitration", "--variants",
                                       help=f"comma-separated, from {','.join(VARIANTS)}"),
          max_new_tokens: int = typer.Option(200, "--max-new-tokens"),
@@ -206,8 +210,8 @@ def main(limit: int = typer.Option(3, "--limit", help="prompts"),
 
     from specstruct.bench.workloads import extraction_workloads, load_workloads
 
-    if scenario not in ("extraction", "json", "code", "prose"):
-        raise typer.BadParameter(f"unknown scenario {scenario!r}: extraction, json, code or prose")
+    if scenario not in ("extraction", "json", "code", "prose", "document"):
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: extraction, json, code, prose or document")
     names = [v.strip() for v in variants.split(",") if v.strip()]
     if unknown := [v for v in names if v not in VARIANTS]:
         raise typer.BadParameter(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")

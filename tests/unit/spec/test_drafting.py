@@ -147,6 +147,8 @@ def test_ablation_runs_variants_and_profiles_on_a_tiny_engine(tok, target, close
     s = res["summary"]
     assert any("refused" in line for line in said)  # a schema no side can guarantee is skipped, not a crash
     assert all(s[v]["identical"] == 2 for v in variants)
+    # every run a tenant of its own: no variant copies what another wrote for the same prompt (the suffix index)
+    assert all(r["per_drafter"].get("suffix", {}).get("proposed", 0) == 0 for r in res["rows"])
     assert abs(sum(s["all"]["shares"][p] for p in PARTS) - 1.0) < 1e-6
     assert "| all |" in markdown(s)
 
