@@ -2,9 +2,10 @@
 decoding step's wall time goes.
 
 Every variant runs on the same engine and weights in one process; the order of the variants rotates from prompt
-to prompt (A/B alternation on a shared machine) and each run starts from a fresh policy and is a tenant of its own
-(`cache_salt`), so no variant inherits another's learned draft lengths, copies its output of the same prompt (the
-suffix index) or reads its cached prompt. Speedups are per-prompt ratios of decode-only tokens/s (prefill removed) over
+to prompt (A/B alternation on a shared machine) and each run starts from a fresh policy, prefills cold and is a
+tenant of its own (`cache_salt`), so no variant inherits another's learned draft lengths, copies its output of the
+same prompt or reads a prompt another cached. So the suffix index (earlier requests of a tenant) never proposes here,
+and a draft model's first reading of the prompt, when the policy tries it, counts as decoding. Speedups are per-prompt ratios of decode-only tokens/s (prefill removed) over
 target-only, summarised by their median; greedy outputs are checked token for token against target-only.
 
     python -m benchmarks.ablation --limit 3 --variants target-only,all,no-arbitration,model-only
@@ -124,9 +125,10 @@ def run(engine: Any, engines: dict[str, Any], workloads: list[Any], variants: li
             change = {k: x for k, x in VARIANTS[v].items() if k != "draft_numerics"}
             if "max_candidates" in change:
                 change["max_candidates"] = {**eng.config.max_candidates, **change["max_candidates"]}
-            # a tenant of its own: no variant copies another's output of this prompt (the suffix index) or reads its
-            # cached prompt
-            cfg = eng.config.merged(max_new_tokens=max_new_tokens, cache_salt=f"ablation {v} {i} {w.id}", **change)
+            # a tenant of its own, prefilled cold: no variant copies another's output of this prompt (the suffix index)
+            # or reads a prompt another cached
+            cfg = eng.config.merged(max_new_tokens=max_new_tokens, cache_salt=f"ablation {v} {i} {w.id}",
+                                    use_prefix_cache=False, **change)
             eng.speculator.policy = AdaptivePolicy(cfg, set(eng.speculator.drafters))
             ids = eng.prompt_ids(w.messages, w.output_type, max_new_tokens=max_new_tokens)
             timer = timers[id(eng)]

@@ -45,7 +45,7 @@ def other_kernel(source: str | None, commit: str | None):
     """Build the other version (a distinct extension name, so both load in one process)."""
     if commit:
         folder = Path(tempfile.mkdtemp())
-        listed = subprocess.run(["git", "ls-tree", "--name-only", commit, str(Path(SOURCE).parent) + "/"], check=True,
+        listed = subprocess.run(["git", "ls-tree", "--full-tree", "--name-only", commit, str(Path(SOURCE).parent) + "/"], check=True,
                                 capture_output=True, text=True).stdout.split()
         for header in (name for name in listed if name.endswith(".h")):  # the headers it includes, as of then
             (folder / Path(header).name).write_text(show(commit, header))

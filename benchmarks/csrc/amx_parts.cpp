@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -35,8 +36,8 @@ static void configure() {  // as blockq_linear.cpp: 0-3 sums, 4-5 activations, 6
   asm volatile("ldtilecfg %0" ::"m"(c));
 }
 
-// Buffers on cache-line boundaries, as a tile load wants them: on std::vector's 16-byte alignment each tile row
-// straddles two lines and the tile loads + TDPBSUD took 2.2x as long (the kernel's own buffers measured no
+// Buffers on cache-line boundaries, as a tile load wants them: on the 16 bytes past a line where malloc put
+// std::vector's buffers here, each tile row straddled two lines and the tile loads + TDPBSUD took 2.2x as long (the kernel's own buffers measured no
 // different aligned: `python -m benchmarks.blockq_ab --source` with its scratch aligned, 0.97-1.00x).
 template <class T>
 struct Lines64 {
@@ -44,7 +45,11 @@ struct Lines64 {
   Lines64() = default;
   template <class U>
   Lines64(const Lines64<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)); }
+  T* allocate(std::size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
   void deallocate(T* p, std::size_t) { std::free(p); }
   template <class U>
   bool operator==(const Lines64<U>&) const { return true; }

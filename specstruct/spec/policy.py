@@ -95,14 +95,23 @@ class RowRates:
     def __init__(self) -> None:
         self.first: dict[str, float] = {}
         self.idle: dict[str, int] = defaultdict(int)  # the row's steps since its last probe of a switched-off copy
+        self.probing: set[str] = set()  # the copies this row's current plan probes
 
     def probe(self, drafter: str) -> int:
         """The length of a copy this row's rate switched off: 1 every PROBE_EVERY steps (a probe), else 0."""
         self.idle[drafter] += 1
         if self.idle[drafter] < PROBE_EVERY:
+            self.probing.discard(drafter)
             return 0
         self.idle[drafter] = 0
+        self.probing.add(drafter)
         return 1
+
+    def rate(self, drafter: str, mode_rate: float) -> float:
+        """The first-token rate this row's copies of `drafter` are valued at in a batch (`candidate_rates`): its own,
+        but the mode's for a probe (valued at the low rate that switched the copy off, every batch would trim it and
+        the row's rate could never recover)."""
+        return mode_rate if drafter in self.probing else self.first.get(drafter, mode_rate)
 
     def observe(self, policy: AdaptivePolicy, mode: Mode, drafter: str, accepted: int) -> None:
         """A judged step of `drafter` (a copying one; others are ignored): whether its first token was accepted."""
@@ -164,7 +173,11 @@ class AdaptivePolicy:
                own: RowRates | None = None) -> int:
         key = (mode, t.name)
         if t.sizing is Sizing.COPY and own is not None:  # the row's own rate, and its own probes where it is off
-            return self.lookup_k(mode, cap, t.name, own.first.get(t.name)) or own.probe(t.name)
+            k = self.lookup_k(mode, cap, t.name, own.first.get(t.name))
+            if k:
+                own.probing.discard(t.name)
+                return k
+            return own.probe(t.name)
         if t.sizing is Sizing.COPY:
             best = self.lookup_k(mode, cap, t.name)
         else:
@@ -203,13 +216,14 @@ class AdaptivePolicy:
                         own: RowRates | None = None) -> list[float]:
         """Per candidate of a step (`segments`: (proposer, count) in order), its proposer's acceptance rate as
         measured (`default` before it was): a copy's first token is a guess, the rest a copy (lookup_rates); with
-        `own`, the guess is valued at the row's own first-token rate, as `plan` sized it."""
+        `own`, the guess is valued at the row's own first-token rate, as `plan` sized it (a probe at the mode's:
+        RowRates.rate)."""
         out: list[float] = []
         for name, count in segments:
             if _sizing(name) is Sizing.COPY:
                 first, copy = self.lookup_rates(mode, name)
                 if own is not None:
-                    first = own.first.get(name, first)
+                    first = own.rate(name, first)
                 out += [first] + [copy] * (count - 1)
                 continue
             rate = self.rate[(mode, name)]

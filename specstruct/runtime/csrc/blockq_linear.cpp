@@ -452,9 +452,10 @@ static void amx_block(const uint8_t* __restrict wb, const float* __restrict dvb,
                       int R, float* __restrict y, int64_t ldy, int ncols) {
   constexpr int QUADS = G / 4;
   alignas(64) int32_t d[4][AMX_ROWS * NO];
-  // The 16 output lines, written once at the end, asked for now for writing (PREFETCHW): each is a line of a
-  // different row of y (rows N outputs apart), not in any cache, and the stores waiting on their reads for ownership
-  // stalled the block (gate/up's 17,920 outputs ran 0.75x the rate of q/k/v's 2,048 on one thread).
+  // The block's output lines (the first line of each of its R rows' strips, ldy floats apart), written once at the
+  // end, asked for now for writing (PREFETCHW; a read prefetch where the build lacks PRFCHW): each lies in another
+  // row of y and in no cache, and the stores waiting on their reads for ownership stalled the block (gate/up's
+  // 17,920 outputs ran 0.75x the rate of q/k/v's 2,048 on one thread).
   for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(y + r * ldy), _MM_HINT_ET0);
 #define ACC(r) __m512 acc##r = _mm512_setzero_ps();
   ROWS16(ACC)

@@ -291,3 +291,12 @@ def test_in_a_batch_a_rows_copies_are_trimmed_by_its_own_rate():
     assert pol.candidate_rates("grammar", segments, 0.7, own=RowRates()) == mode_chain  # no verdict of its own yet
     kept = free_lengths(pol, [own_chain, mode_chain, mode_chain, mode_chain], [False] * 4)
     assert kept[0] == 0 and min(kept[1:]) > 1
+    # its probe (one token every PROBE_EVERY of its steps) is valued at the mode's rate, so the batch keeps it and the
+    # row's rate can recover
+    plans = [pol.plan("grammar", own=missing).limits["lookup"] for _ in range(PROBE_EVERY)]
+    assert plans[-1] == 1 and "lookup" in missing.probing
+    probe_chain = pol.candidate_rates("grammar", [("lookup", 1)], 0.7, own=missing)
+    assert probe_chain == mode_chain[:1]
+    assert free_lengths(pol, [probe_chain, mode_chain, mode_chain, mode_chain], [False] * 4)[0] == 1
+    pol.plan("grammar", own=missing)  # the step after the probe plans no copy: no longer a probe
+    assert "lookup" not in missing.probing
