@@ -144,12 +144,23 @@ class Plan:
     limits: dict[str, int] = field(default_factory=dict)
 
 
+class RowCopyRates(Protocol):
+    """A row's own first-token rates of its copying proposers, as the policy reads them (policy.RowRates)."""
+
+    first: dict[str, float]  # proposer -> the row's own first-token rate
+    probing: set[str]  # the copies the row's current plan probes
+
+    def probe(self, drafter: str) -> int: ...
+
+    def rate(self, drafter: str, mode_rate: float) -> float: ...
+
+
 @runtime_checkable
 class Policy(Protocol):
     """What the row and the batch ask of the policy (policy.AdaptivePolicy; batch_policy.py reads its costs)."""
 
     def plan(self, mode: Mode, config: "SpecConfig | None" = None, alone: bool = True, unread: int = 0,
-             own: Any = None) -> Plan: ...  # own: the row's policy.RowRates (typed there: no import cycle)
+             own: RowCopyRates | None = None) -> Plan: ...
 
     def observe(self, mode: Mode, drafter: str, proposed: int, accepted: int,
                 config: "SpecConfig | None" = None) -> None: ...
@@ -163,9 +174,9 @@ class Policy(Protocol):
         ...
 
     def candidate_rates(self, mode: Mode, segments: Iterable[tuple[str, int]], default: float,
-                        own: Any = None) -> list[float]:
+                        own: RowCopyRates | None = None) -> list[float]:
         """Per candidate of a step, its proposer's acceptance rate (`default` before it was measured; `own`: the
-        row's policy.RowRates, whose first-token rates a copy's first candidate takes)."""
+        row's rates, whose first-token rate a copy's first candidate takes)."""
         ...
 
 
