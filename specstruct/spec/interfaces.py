@@ -148,9 +148,8 @@ class RowCopyRates(Protocol):
     """A row's own first-token rates of its copying proposers, as the policy reads them (policy.RowRates)."""
 
     first: dict[str, float]  # proposer -> the row's own first-token rate
-    probing: set[str]  # the copies the row's current plan probes
 
-    def probe(self, drafter: str) -> int: ...
+    def length(self, drafter: str, k: int) -> int: ...
 
     def rate(self, drafter: str, mode_rate: float) -> float: ...
 

@@ -97,12 +97,14 @@ class RowRates:
         self.idle: dict[str, int] = defaultdict(int)  # the row's steps since its last probe of a switched-off copy
         self.probing: set[str] = set()  # the copies this row's current plan probes
 
-    def probe(self, drafter: str) -> int:
-        """The length of a copy this row's rate switched off: 1 every PROBE_EVERY steps (a probe), else 0."""
-        self.idle[drafter] += 1
-        if self.idle[drafter] < PROBE_EVERY:
+    def length(self, drafter: str, k: int) -> int:
+        """This row's copy length of `drafter`, `k` as its own rate sizes it: where that is 0 (switched off), 1 every
+        PROBE_EVERY of the row's steps (a probe), else 0."""
+        if not k:
+            self.idle[drafter] += 1
+        if k or self.idle[drafter] < PROBE_EVERY:
             self.probing.discard(drafter)
-            return 0
+            return k
         self.idle[drafter] = 0
         self.probing.add(drafter)
         return 1
@@ -173,11 +175,7 @@ class AdaptivePolicy:
                own: RowRates | None = None) -> int:
         key = (mode, t.name)
         if t.sizing is Sizing.COPY and own is not None:  # the row's own rate, and its own probes where it is off
-            k = self.lookup_k(mode, cap, t.name, own.first.get(t.name))
-            if k:
-                own.probing.discard(t.name)
-                return k
-            return own.probe(t.name)
+            return own.length(t.name, self.lookup_k(mode, cap, t.name, own.first.get(t.name)))
         if t.sizing is Sizing.COPY:
             best = self.lookup_k(mode, cap, t.name)
         else:
