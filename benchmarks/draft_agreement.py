@@ -6,6 +6,10 @@ segments, then runs one teacher-forced pass of prompt + output through each mode
 the draft's masked argmax (teacher-forced) with the target's output, and each in-engine draft token with the
 teacher-forced draft argmax at the same position (equal when the draft's cache is in step). Draft tokens
 proposed after an off-path context (a wrong lookup or forced span earlier in the same step) are counted apart.
+Teacher-forced, it also counts the positions where the target's token is among the draft's 2 and 4 best (`tf_top2`,
+`tf_top4`: what a tree of two or four candidates at a position would catch). `--scenario prose` runs the bench's
+prose prompts (free text, where the policy rarely drafts with the model: the in-engine counts are then empty);
+`--head-tokens N` computes the draft's head over the first N token ids only (EngineConfig.draft_head_tokens).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import collections
 
 import torch
+from specstruct.runtime.draft_head import HeadRestricted
 from specstruct.testing import run_alone
 
 
@@ -48,8 +53,15 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
         seq = torch.tensor([ids + out])
         dl = drafter.runtime.model(input_ids=seq).logits[0].float()
     V = masks[0].shape[0]
-    tf = [int(torch.argmax(dl[P + i - 1, :V].masked_fill(~masks[i], float("-inf")))) for i in range(len(out))]
-    n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))))
+    if isinstance(drafter.runtime, HeadRestricted):  # the plain model call above computed the whole head
+        dl = dl.clone()
+        dl[:, drafter.runtime.tokens:] = float("-inf")
+    legal = [dl[P + i - 1, :V].masked_fill(~masks[i], float("-inf")) for i in range(len(out))]
+    tf = [int(torch.argmax(row)) for row in legal]
+    best = [torch.topk(row, 4).indices.tolist() for row in legal]
+    n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))),
+                            tf_top2=sum(out[i] in best[i][:2] for i in range(len(out))),
+                            tf_top4=sum(out[i] in best[i] for i in range(len(out))))
     for ctx, toks in props:
         p = len(ctx) - P
         if toks and ctx[P:] != out[:p]:
@@ -71,26 +83,34 @@ def main() -> None:
     import specstruct as ss
     from specstruct.config import EngineConfig
 
-    from specstruct.bench.workloads import extraction_workloads
+    from specstruct.bench.workloads import extraction_workloads, prose_workloads
 
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.draft_agreement", description=(
-        "Where the draft model and the target agree on the extraction prompts: each draft token proposed on the "
-        "target's path, against the teacher-forced draft and the target (the real Qwen pair, pulled)."),
-        epilog="example: python -m benchmarks.draft_agreement int8 2")
+        "Where the draft model and the target agree (typed extraction or prose): each draft token proposed on the "
+        "target's path, against the teacher-forced draft and the target, and the target's token among the "
+        "teacher-forced draft's best 1, 2 and 4 (the real Qwen pair, pulled)."),
+        epilog="examples: python -m benchmarks.draft_agreement int8 2; "
+               "python -m benchmarks.draft_agreement int8 5 --scenario prose --head-tokens 32768")
     parser.add_argument("numerics", nargs="?", default="float32", choices=["float32", "int8"],
                         help="the draft's numerics (default float32)")
-    parser.add_argument("limit", nargs="?", type=int, default=2, help="extraction prompts to run (default 2)")
+    parser.add_argument("limit", nargs="?", type=int, default=2, help="prompts to run (default 2)")
+    parser.add_argument("--scenario", choices=["extraction", "prose"], default="extraction",
+                        help="the typed-extraction prompts (default) or the bench's prose prompts")
+    parser.add_argument("--head-tokens", type=int, default=0,
+                        help="the draft's LM head over the first N token ids only (0: all)")
     args = parser.parse_args()
-    numerics, limit = args.numerics, args.limit
     torch.set_num_threads(2)
     eng = ss.SpecStruct.from_pretrained("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
-                                        engine_config=EngineConfig(draft_numerics=numerics))
+                                        engine_config=EngineConfig(draft_numerics=args.numerics,
+                                                                   draft_head_tokens=args.head_tokens))
     total = collections.Counter()
-    for w in extraction_workloads(limit):
+    workloads = prose_workloads if args.scenario == "prose" else extraction_workloads
+    for w in workloads(args.limit):
         total.update(analyse(eng, w))
-    print("total", dict(total))
+    shares = {k: f"{total[k] / total['tokens']:.1%}" for k in ("tf_agree", "tf_top2", "tf_top4") if total["tokens"]}
+    print("total", dict(total), "teacher-forced agreement:", shares)
 
 
 if __name__ == "__main__":

@@ -43,19 +43,25 @@ def _timed(totals: collections.Counter, key: str, obj, name: str):
             delattr(obj, name)  # the class's own again
 
 
-def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
-    """Median step and per-step milliseconds of each part (see the module docstring)."""
+def breakdown(model, cache: int, repeats: int, head_tokens: int = 0) -> dict[str, float]:
+    """Median step and per-step milliseconds of each part (see the module docstring); `head_tokens` > 0: the LM head
+    computes the first head_tokens token ids only (draft_head.restricted, as EngineConfig.draft_head_tokens)."""
     from transformers import DynamicCache
 
     from specstruct.runtime import fused_layer, packed
     from specstruct.runtime.quantized import QuantLinear, QuantWeight
 
     rt = OneSequence(model)
+    model = rt.runtime.model  # the runtime computes on its own copy of the model: time that one's modules
     vocab = rt.vocab_size
     rt.prefill([(100 + i) % vocab for i in range(cache)])
     head = model.get_output_embeddings()
     totals: collections.Counter = collections.Counter()
     with contextlib.ExitStack() as stack:
+        if head_tokens:
+            from specstruct.runtime.draft_head import restricted
+
+            stack.enter_context(restricted(head, head_tokens))  # first: the head's timer below wraps it
         for m in model.modules():
             linear = hasattr(m, "in_features") and hasattr(m, "out_features") and not isinstance(m, QuantLinear)
             kind = ("lm head" if m is head else "linear layers" if linear
@@ -80,7 +86,7 @@ def breakdown(model, cache: int, repeats: int) -> dict[str, float]:
     out = {"step": statistics.median(steps[2:]) * 1e3}
     parts = {k: v / repeats * 1e3 for k, v in totals.items()}
     parts["attention"] = parts.get("attention", 0.0) - parts.get("kv cache update", 0.0)
-    if isinstance(head, QuantLinear):  # the LM head's QuantWeight.linear call is inside its own wrapper too
+    if isinstance(head, QuantLinear) and not head_tokens:  # its QuantWeight.linear call is inside its wrapper too
         parts["linear layers"] = parts.get("linear layers", 0.0) - parts.get("lm head", 0.0)
     out.update(parts)
     out["other small ops and Python"] = statistics.mean(steps[2:]) * 1e3 - sum(parts.values())
@@ -98,12 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft", action="store_true", help="float32 weights: time the model as a draft (int8)")
     ap.add_argument("--cache", type=int, default=300, help="tokens already in the cache")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--head-tokens", type=int, default=0,
+                    help="the LM head over the first N token ids only, as a draft with EngineConfig.draft_head_tokens")
     args = ap.parse_args(argv)
     model, _ = load_model(args.model, weights=args.weights)
     if args.draft and args.weights == "float32":
         model = quantize_draft(model)
-    parts = breakdown(model, args.cache, args.repeats)
-    print(f"{args.model}{' (int8 draft)' if args.draft else ''}, {torch.get_num_threads()} threads, {args.cache}-token "
+    parts = breakdown(model, args.cache, args.repeats, args.head_tokens)
+    head = f", LM head over the first {args.head_tokens} token ids" if args.head_tokens else ""
+    print(f"{args.model}{' (int8 draft)' if args.draft else ''}{head}, {torch.get_num_threads()} threads, {args.cache}-token "
           f"cache: one step {parts.pop('step'):.1f} ms (median of {args.repeats}); per step:")
     for name, ms in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:28s} {ms:6.1f} ms")

@@ -42,3 +42,15 @@ def test_step_breakdown_times_the_parts_and_puts_the_model_back():
     assert parts["step"] > 0 and {"linear layers", "lm head", "attention", "kv cache update", "rmsnorm"} <= set(parts)
     assert all(v >= 0 for k, v in parts.items() if k != "other small ops and Python")
     assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
+
+
+def test_step_breakdown_times_the_runtime_copy_of_a_model_it_was_not_handed():
+    """A model nobody handed over is copied by the runtime: the parts are that copy's (its LM head among them),
+    and the caller's model is left as it was."""
+    from benchmarks import step_breakdown
+
+    model = tiny_model(tiny_tokenizer(), seed=0)
+    forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    parts = step_breakdown.breakdown(model, cache=20, repeats=3)
+    assert parts["lm head"] > 0 and parts["linear layers"] > 0
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
