@@ -59,9 +59,11 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
     legal = [dl[P + i - 1, :V].masked_fill(~masks[i], float("-inf")) for i in range(len(out))]
     tf = [int(torch.argmax(row)) for row in legal]
     best = [torch.topk(row, 4).indices.tolist() for row in legal]
+    # where fewer than 4 tokens are legal, topk's tail is arbitrary -inf ones: the target's counts only if legal
+    within = [out[i] in best[i] and bool(torch.isfinite(legal[i][out[i]])) for i in range(len(out))]
     n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))),
-                            tf_top2=sum(out[i] in best[i][:2] for i in range(len(out))),
-                            tf_top4=sum(out[i] in best[i] for i in range(len(out))))
+                            tf_top2=sum(within[i] and out[i] in best[i][:2] for i in range(len(out))),
+                            tf_top4=sum(within))
     for ctx, toks in props:
         p = len(ctx) - P
         if toks and ctx[P:] != out[:p]:

@@ -59,8 +59,9 @@ def breakdown(model, cache: int, repeats: int, head_tokens: int = 0) -> dict[str
     totals: collections.Counter = collections.Counter()
     with contextlib.ExitStack() as stack:
         if head_tokens:
-            from specstruct.runtime.draft_head import restricted
+            from specstruct.runtime.draft_head import HeadRestricted, restricted
 
+            HeadRestricted(rt.runtime, head_tokens)  # the engine's checks: a block-quantized head, 0 < N < its rows
             stack.enter_context(restricted(head, head_tokens))  # first: the head's timer below wraps it
         for m in model.modules():
             linear = hasattr(m, "in_features") and hasattr(m, "out_features") and not isinstance(m, QuantLinear)

@@ -54,3 +54,18 @@ def test_step_breakdown_times_the_runtime_copy_of_a_model_it_was_not_handed():
     parts = step_breakdown.breakdown(model, cache=20, repeats=3)
     assert parts["lm head"] > 0 and parts["linear layers"] > 0
     assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
+
+
+def test_step_breakdown_restricts_a_block_quantized_head_and_refuses_others(close_draft):
+    import copy
+
+    from benchmarks import step_breakdown
+    from specstruct.runtime.gguf_model import quantize_linears
+
+    q8 = quantize_linears(copy.deepcopy(close_draft), "q8_0")
+    parts = step_breakdown.breakdown(q8, cache=20, repeats=3, head_tokens=200)
+    assert parts["lm head"] > 0 and parts["linear layers"] > 0
+    with pytest.raises(ValueError, match="draft_head_tokens=408"):  # the tiny vocabulary's whole head
+        step_breakdown.breakdown(q8, cache=20, repeats=3, head_tokens=408)
+    with pytest.raises(ValueError, match="GGUF blocks"):  # a float32 head has no panels to restrict
+        step_breakdown.breakdown(copy.deepcopy(close_draft), cache=20, repeats=3, head_tokens=200)
