@@ -7,7 +7,9 @@ the draft's masked argmax (teacher-forced) with the target's output, and each in
 teacher-forced draft argmax at the same position (equal when the draft's cache is in step). Draft tokens
 proposed after an off-path context (a wrong lookup or forced span earlier in the same step) are counted apart.
 Teacher-forced, it also counts the positions where the target's token is among the draft's 2 and 4 best (`tf_top2`,
-`tf_top4`: what a tree of two or four candidates at a position would catch). `--scenario prose` runs the bench's
+`tf_top4`), and prints how many draft tokens a step would keep on average with a tree of the draft's best b
+candidates at every level, d levels deep (b = 1: a chain of d draft tokens): the run of positions from each one on
+where the target's token is among the draft's best b, capped at d. `--scenario prose` runs the bench's
 prose prompts (free text, where the policy rarely drafts with the model: the in-engine counts are then empty);
 `--head-tokens N` computes the draft's head over the first N token ids only (EngineConfig.draft_head_tokens).
 """
@@ -19,6 +21,9 @@ import collections
 import torch
 from specstruct.runtime.draft_head import HeadRestricted
 from specstruct.testing import run_alone
+
+
+BRANCHES, DEPTHS = (1, 2, 4), (1, 2, 3, 4)  # the draft trees whose accepted lengths are counted (b = 1: a chain)
 
 
 def _masks(constraint, out):
@@ -64,6 +69,13 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
     n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))),
                             tf_top2=sum(within[i] and out[i] in best[i][:2] for i in range(len(out))),
                             tf_top4=sum(within))
+    for b in BRANCHES:  # a tree of the draft's best b at every level, D deep: it holds the target's next r tokens
+        hit = [within[i] and out[i] in best[i][:b] for i in range(len(out))]  # where the run of such positions is r
+        run = 0
+        for i in reversed(range(len(out))):
+            run = run + 1 if hit[i] else 0
+            for d in DEPTHS:
+                n[f"run_b{b}_d{d}"] += min(run, d)
     for ctx, toks in props:
         p = len(ctx) - P
         if toks and ctx[P:] != out[:p]:
@@ -112,7 +124,14 @@ def main() -> None:
     for w in workloads(args.limit):
         total.update(analyse(eng, w))
     shares = {k: f"{total[k] / total['tokens']:.1%}" for k in ("tf_agree", "tf_top2", "tf_top4") if total["tokens"]}
-    print("total", dict(total), "teacher-forced agreement:", shares)
+    print("total", {k: v for k, v in total.items() if not k.startswith("run_")}, "teacher-forced agreement:", shares)
+    if total["tokens"]:
+        print("draft tokens a step would keep, teacher-forced (mean over positions): a tree of the draft's best b "
+              "at every level, d deep (b = 1: a chain of d)")
+        print("| b | " + " | ".join(f"d = {d}" for d in DEPTHS) + " |")
+        print("|---|" + "---|" * len(DEPTHS))
+        for b in BRANCHES:
+            print(f"| {b} | " + " | ".join(f"{total[f'run_b{b}_d{d}'] / total['tokens']:.2f}" for d in DEPTHS) + " |")
 
 
 if __name__ == "__main__":
