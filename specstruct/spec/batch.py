@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 
 from specstruct.runtime.kv.layers import SeqKV
-from specstruct.spec.batch_policy import Demand, allocate, free_lengths, probe_trimmed
+from specstruct.spec.batch_policy import Demand, allocate, free_lengths, pass_time, probe_trimmed
 from specstruct.spec.interfaces import Runtime, Sequence_
 from specstruct.spec.kv_reuse import KVReuse
 from specstruct.spec.prefill_budget import prefill_budget
@@ -205,7 +205,7 @@ class BatchDecoder:
 
     def _chunks(self, prefilling: list[Row], decoding: int, fed: int) -> list[tuple[Row, list[int]]]:
         budget = self.prefill_chunk if decoding and not self.adaptive_prefill else prefill_budget(
-            self.prefill_chunk, len(prefilling), decoding, fed, self.speculator.policy.pass_seconds)
+            self.prefill_chunk, len(prefilling), decoding, fed, lambda n: pass_time(self.speculator.policy, n))
         chunks = []
         for r in prefilling:
             if budget <= 0:

@@ -30,11 +30,26 @@ class Demand:
     fixed: bool = False  # keeps k = limit (seeded sampling)
 
 
+def pass_time(policy: AdaptivePolicy, rows: int) -> float:
+    """Estimated seconds of a target pass over `rows` rows (relative units before anything was measured)."""
+    measured = sorted(policy.target_cost.items())
+    if not measured:
+        return 1.0 + PRIOR_VERIFY_SLOPE * (rows - 1)
+    lo = [(r, t) for r, t in measured if r <= rows]
+    hi = [(r, t) for r, t in measured if r >= rows]
+    if lo and hi:
+        (r0, t0), (r1, t1) = lo[-1], hi[0]
+        return t0 if r1 == r0 else t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
+    r0, t0 = lo[-1] if lo else hi[0]
+    t1_est = t0 / (1.0 + PRIOR_VERIFY_SLOPE * (r0 - 1))
+    return t0 + t1_est * PRIOR_VERIFY_SLOPE * (rows - r0)
+
+
 def draft_time(policy: AdaptivePolicy, rows: int) -> float:
     """Estimated seconds of one draft pass over `rows` rows."""
     one = policy.draft_cost
     if one is None:
-        one = PRIOR_DRAFT_COST * policy.pass_seconds(1)
+        one = PRIOR_DRAFT_COST * pass_time(policy, 1)
     return one * (1.0 + PRIOR_VERIFY_SLOPE * (rows - 1))
 
 
@@ -42,7 +57,7 @@ def goodput(policy: AdaptivePolicy, demands: list[Demand], ks: list[int]) -> flo
     tokens = sum(expected_tokens(d.rate, k) for d, k in zip(demands, ks))
     rows = sum(d.base_rows + k for d, k in zip(demands, ks))
     drafting = sum(draft_time(policy, sum(1 for k in ks if k > j)) for j in range(max(ks, default=0)))
-    return tokens / (policy.pass_seconds(rows) + drafting)
+    return tokens / (pass_time(policy, rows) + drafting)
 
 
 def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[bool]) -> list[int]:
@@ -62,14 +77,14 @@ def free_lengths(policy: AdaptivePolicy, chains: list[list[float]], fixed: list[
             worth[i].append(v)
     rows = len(chains)
     tokens = rows + sum(sum(w[: k]) for w, k in zip(worth, n))
-    best = tokens / policy.pass_seconds(rows + sum(n))
+    best = tokens / pass_time(policy, rows + sum(n))
     while True:
         open_rows = [i for i in range(rows) if n[i] < len(chains[i])]
         if not open_rows:
             return n
         i = max(open_rows, key=lambda r: worth[r][n[r]])
         added = tokens + worth[i][n[i]]
-        g = added / policy.pass_seconds(rows + sum(n) + 1)
+        g = added / pass_time(policy, rows + sum(n) + 1)
         if g <= best:
             return n
         n[i] += 1

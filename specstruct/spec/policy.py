@@ -314,39 +314,21 @@ class AdaptivePolicy:
         self.arms[key] = (s * ARM_DECAY + seconds, t * ARM_DECAY + tokens, n * ARM_DECAY + 1.0)
         self.arm_tokens[key] += tokens
 
-    def pass_seconds(self, rows: int) -> float:
-        """T(rows), the seconds of a target pass over `rows` rows: as measured; between two measured row counts, on
-        the line through them; past the widest, on the slope fitted to the measured counts of at least half its
-        rows (a pass of many rows is compute-bound, its cost a constant per row that differs by CPU: on AVX-512
-        VNNI without AMX about twice the prior's); below the narrowest, or past a lone one, the prior slope.
-        Relative units (T(1) = 1) before anything was measured."""
-        measured = sorted(self.target_cost.items())
-        if not measured:
-            return 1.0 + PRIOR_VERIFY_SLOPE * (rows - 1)
-        lo = [(r, t) for r, t in measured if r <= rows]
-        hi = [(r, t) for r, t in measured if r >= rows]
-        if lo and hi:
-            (r0, t0), (r1, t1) = lo[-1], hi[0]
-            return t0 if r1 == r0 else t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
-        wide = [(r, t) for r, t in measured if 2 * r >= measured[-1][0]] if lo else []
-        if len(wide) >= 2:  # past the widest: least squares over the wide counts (a neighbour's noise alone misleads)
-            mr = sum(r for r, _ in wide) / len(wide)
-            mt = sum(t for _, t in wide) / len(wide)
-            slope = sum((r - mr) * (t - mt) for r, t in wide) / sum((r - mr) ** 2 for r, _ in wide)
-            r1, t1 = measured[-1]
-            return t1 + max(0.0, slope) * (rows - r1)
-        r0, t0 = lo[-1] if lo else hi[0]
-        t1_est = t0 / (1.0 + PRIOR_VERIFY_SLOPE * (r0 - 1))
-        return t0 + t1_est * PRIOR_VERIFY_SLOPE * (rows - r0)
-
     def t1(self) -> float | None:
-        """Seconds of a one-token target pass: measured, or inferred from the narrowest measured pass (None before
-        any was measured)."""
-        return self.pass_seconds(1) if self.target_cost else None
+        """Seconds of a one-token target pass: measured, or inferred from the narrowest measured pass."""
+        if 1 in self.target_cost:
+            return self.target_cost[1]
+        if not self.target_cost:
+            return None
+        rows = min(self.target_cost)
+        return self.target_cost[rows] / (1.0 + PRIOR_VERIFY_SLOPE * (rows - 1))
 
     def verify_ratio(self, rows: int) -> float:
-        """T(rows) / T(1), from pass_seconds."""
-        return self.pass_seconds(rows) / self.pass_seconds(1)
+        """T(rows) / T(1), measured where possible, else from the prior slope."""
+        t1 = self.t1()
+        if t1 and rows in self.target_cost:
+            return self.target_cost[rows] / t1
+        return 1.0 + PRIOR_VERIFY_SLOPE * (rows - 1)
 
     def costs_measured(self) -> bool:
         return bool(self.target_cost) and self.draft_cost is not None

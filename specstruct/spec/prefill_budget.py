@@ -3,7 +3,7 @@
 As in Sarathi-Serve and vLLM's chunked prefill (a per-pass token budget, `max_num_batched_tokens`: the decoding
 rows' tokens first, prompt chunks fill the rest), but the budget is not a constant. With P rows reading their
 prompt, D rows decoding that feed d tokens to this step's pass, and T(n) the measured seconds of a target pass over
-n tokens (AdaptivePolicy.pass_seconds):
+n tokens (batch_policy.pass_time):
 
 - nobody decodes (D = 0): IDLE_PREFILL tokens; nobody waits on the step, so the largest pass is the cheapest;
 - otherwise b is the largest budget with

@@ -3,6 +3,7 @@
 import pytest
 
 from specstruct.config import SpecConfig
+from specstruct.spec.batch_policy import pass_time
 from specstruct.spec.policy import AdaptivePolicy
 from specstruct.spec.prefill_budget import IDLE_PREFILL, PASS_TOKENS, prefill_budget
 
@@ -59,9 +60,9 @@ def test_never_past_the_row_invariant_pass_size():
 
 def test_works_in_the_policys_relative_units_before_anything_was_measured():
     pol = AdaptivePolicy(SpecConfig(), {"model"})
-    b = prefill_budget(32, 7, 1, 9, pol.pass_seconds)
+    b = prefill_budget(32, 7, 1, 9, lambda n: pass_time(pol, n))
     assert 32 < b <= IDLE_PREFILL
     pol.observe_cost("target", 9, 0.65)
     pol.observe_cost("target", 300, 7.0)  # measured: interpolated between the two
-    b = prefill_budget(32, 7, 1, 9, pol.pass_seconds)
-    assert pol.pass_seconds(9 + b) <= 8 * 0.65 < pol.pass_seconds(10 + b)
+    b = prefill_budget(32, 7, 1, 9, lambda n: pass_time(pol, n))
+    assert pass_time(pol, 9 + b) <= 8 * 0.65 < pass_time(pol, 10 + b)
