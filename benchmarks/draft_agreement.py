@@ -17,9 +17,10 @@ prose prompts (free text, where the policy rarely drafts with the model: the in-
 from __future__ import annotations
 
 import collections
+from contextlib import nullcontext
 
 import torch
-from specstruct.runtime.draft_head import HeadRestricted
+from specstruct.runtime.draft_head import HeadRestricted, restricted
 from specstruct.testing import run_alone
 
 
@@ -54,23 +55,20 @@ def analyse(eng, w, max_new_tokens: int = 200) -> collections.Counter:
         batch_module.run_drafts = inner
     out, P = dec.token_ids, len(ids)
     masks = _masks(c, out)
-    with torch.inference_mode():
+    rt = drafter.runtime  # a restricted head computes its first token ids only, as when the draft drafts
+    with torch.inference_mode(), restricted(rt.head, rt.tokens) if isinstance(rt, HeadRestricted) else nullcontext():
         seq = torch.tensor([ids + out])
-        dl = drafter.runtime.model(input_ids=seq).logits[0].float()
+        dl = rt.model(input_ids=seq).logits[0].float()
     V = masks[0].shape[0]
-    if isinstance(drafter.runtime, HeadRestricted):  # the plain model call above computed the whole head
-        dl = dl.clone()
-        dl[:, drafter.runtime.tokens:] = float("-inf")
     legal = [dl[P + i - 1, :V].masked_fill(~masks[i], float("-inf")) for i in range(len(out))]
     tf = [int(torch.argmax(row)) for row in legal]
     best = [torch.topk(row, 4).indices.tolist() for row in legal]
     # where fewer than 4 tokens are legal, topk's tail is arbitrary -inf ones: the target's counts only if legal
     within = [out[i] in best[i] and bool(torch.isfinite(legal[i][out[i]])) for i in range(len(out))]
+    hits = {b: [within[i] and out[i] in best[i][:b] for i in range(len(out))] for b in BRANCHES}
     n = collections.Counter(tokens=len(out), tf_agree=sum(tf[i] == out[i] for i in range(len(out))),
-                            tf_top2=sum(within[i] and out[i] in best[i][:2] for i in range(len(out))),
-                            tf_top4=sum(within))
-    for b in BRANCHES:  # a tree of the draft's best b at every level, D deep: it holds the target's next r tokens
-        hit = [within[i] and out[i] in best[i][:b] for i in range(len(out))]  # where the run of such positions is r
+                            tf_top2=sum(hits[2]), tf_top4=sum(hits[4]))
+    for b, hit in hits.items():  # a tree of the draft's best b at every level, d deep, keeps the run of hits from i
         run = 0
         for i in reversed(range(len(out))):
             run = run + 1 if hit[i] else 0
