@@ -96,8 +96,8 @@ _MADV_HUGEPAGE = 14
 def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialized tensor whose whole 2 MiB pages are advised as transparent huge pages
     (MADV_HUGEPAGE; Linux with THP in "madvise" mode, the common default), before anything touches them. A
-    kernel streaming gigabytes of weights per pass then misses the TLB 512x less often: the fixed-order Linear
-    streams the 1.5B target's packed weights ~15% faster (docs/benchmarks.md). Best effort: elsewhere the
+    kernel streaming gigabytes of weights per pass then misses the TLB 512x less often: a pass of the 1.5B
+    target's block-quantized weights is 3-5% faster (`python -m benchmarks.huge_pages`). Best effort: elsewhere the
     tensor is simply on ordinary pages."""
     t = torch.empty(shape, dtype=dtype)
     libc = _libc()

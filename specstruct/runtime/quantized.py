@@ -27,6 +27,7 @@ import torch
 
 from specstruct.runtime import native
 from specstruct.runtime.gguf_blocks import DECODERS, Format
+from specstruct.runtime.load_memory import empty_on_huge_pages
 
 _KERNEL = native.Kernel("specstruct_blockq_linear", Path(__file__).parent / "csrc" / "blockq_linear.cpp",
                         "the block-quantized Linear kernel", "quantized weights cannot be computed")
@@ -66,6 +67,10 @@ def amx() -> bool:
 
 # ---------------------------------------------------------------- packing
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return empty_on_huge_pages(shape, dtype).zero_()
+
+
 class QuantWeight:
     """A [out, in] weight in the kernel's panels: `packed` [P, groups, bytes]; `scales` (and `mins`) [P, super-blocks,
     16] float16 (every format ships its scales in fp16); for K-quants `subscales` (and `submins`) [P, groups, 16] int8."""
@@ -76,12 +81,14 @@ class QuantWeight:
                              f"{fmt.group * fmt.gps}")
         self.fmt, self.out_features, self.in_features = fmt, out_features, in_features
         panels, groups = -(-out_features // PANEL), in_features // fmt.group
-        self.packed = torch.zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), dtype=torch.uint8)
-        self.scales = torch.zeros((panels, groups // fmt.gps, PANEL), dtype=torch.float16)  # the file's own fp16
-        self.mins = torch.zeros_like(self.scales) if fmt.zero < 0 else None
+        # on transparent huge pages where the OS allows: a pass streams every weight once, and on 4 KiB pages the
+        # TLB misses cost a one-token step of the 1.5B target 5% (docs/benchmarks.md)
+        self.packed = _zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), torch.uint8)
+        self.scales = _zeros((panels, groups // fmt.gps, PANEL), torch.float16)  # the file's own fp16
+        self.mins = _zeros(self.scales.shape, torch.float16) if fmt.zero < 0 else None
         sub = fmt.gps > 1
-        self.subscales = torch.zeros((panels, groups, PANEL), dtype=torch.int8) if sub else None
-        self.submins = torch.zeros_like(self.subscales) if sub and fmt.zero < 0 else None
+        self.subscales = _zeros((panels, groups, PANEL), torch.int8) if sub else None
+        self.submins = _zeros((panels, groups, PANEL), torch.int8) if sub and fmt.zero < 0 else None
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"packed": self.packed, "scales": self.scales, "mins": self.mins, "subscales": self.subscales,

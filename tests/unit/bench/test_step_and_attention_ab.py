@@ -69,3 +69,28 @@ def test_step_breakdown_restricts_a_block_quantized_head_and_refuses_others(clos
         step_breakdown.breakdown(q8, cache=20, repeats=3, head_tokens=408)
     with pytest.raises(ValueError, match="GGUF blocks"):  # a float32 head has no panels to restrict
         step_breakdown.breakdown(copy.deepcopy(close_draft), cache=20, repeats=3, head_tokens=200)
+
+
+def test_huge_pages_times_the_same_weights_on_both_page_sizes(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    from benchmarks import huge_pages
+    from specstruct.runtime.gguf_model import load_model
+    from specstruct.testing import OneSequence
+    from specstruct.testing_gguf import write_bare_gguf
+
+    from specstruct import settings
+
+    monkeypatch.setenv("SPECSTRUCT_CACHE", str(tmp_path / "cache"))  # the file's converted metadata goes here
+    settings.cache_clear()
+    tok = tiny_tokenizer()
+    path = tmp_path / "Tiny-Q8_0.gguf"
+    write_bare_gguf(tiny_model(tok, seed=0), tok, path, "Q8_0")
+    model, _ = load_model(str(path))
+    hand_over(model)
+    rt = OneSequence(model)
+    packed_before = [w.packed for w in huge_pages.block_weights()]
+    same, rows = huge_pages.compare(rt, [1, 3], cache=12, repeats=1, rounds=2)
+    assert same and list(rows) == ["1 tokens at 12", "3 tokens at 12"]
+    assert all(a > 0 and b > 0 and r > 0 for a, b, r in rows.values())
+    after = [w.packed for w in huge_pages.block_weights()]
+    assert len(after) == len(packed_before) and all(a is b for a, b in zip(after, packed_before))  # its own again

@@ -314,3 +314,26 @@ def _tiles_match(ext, name, shapes):
         cols = (panels[:, None] * quantized.PANEL + torch.arange(quantized.PANEL)).flatten()
         valid = cols < shape[0]
         assert torch.equal(ext.linear_panels(x, *args, panels)[:, valid], want[:, cols[valid]])
+
+
+def _vm_flags(addr: int) -> list[str] | None:
+    """The VmFlags of the mapping of this process holding `addr` (/proc/self/smaps), None where there is none."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(a, 16) for a in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_packed_weights_are_advised_onto_huge_pages():
+    # a pass streams every weight once: on 4 KiB pages the TLB misses slow a one-token step (benchmarks.huge_pages)
+    w = quantized.from_gguf_blocks("Q4_K", random_blocks("Q4_K", 8192, 1024), 8192, 1024)
+    assert w.packed.numel() >= 3 << 20  # holds at least one whole 2 MiB page
+    inner = -(-w.packed.data_ptr() // (2 << 20)) * (2 << 20)  # the first whole 2 MiB page inside it
+    flags = _vm_flags(inner)
+    assert flags is not None and "hg" in flags  # MADV_HUGEPAGE
