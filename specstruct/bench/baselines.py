@@ -46,14 +46,18 @@ class SpecStructSide:
         if workload.output_type is not None and hasattr(self.engine, "constraint"):
             self.engine.constraint(workload.output_type)
 
-    def measure(self, workload: Workload) -> Measurement:
+    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:
+        """One timed run. Run `repeat` > 0 of a prompt is another tenant (cache_salt) of the suffix index, whose
+        earlier requests are that repeat's own: it never proposes what an earlier repeat of this prompt wrote."""
         from specstruct.errors import IncompleteOutputError, ValidationRetryError
 
         s = self.settings
+        tenant = {"cache_salt": f"bench-repeat-{repeat}"} if repeat else {}
         start = time.perf_counter()
         try:
             res = self.engine.run(workload.messages, workload.output_type, max_new_tokens=s.max_new_tokens,
-                                  temperature=s.temperature, top_p=s.top_p, seed=s.seed, config=self.config)
+                                  temperature=s.temperature, top_p=s.top_p, seed=s.seed, config=self.config,
+                                  **tenant)
         except IncompleteOutputError as exc:  # max_new_tokens cut a structured output short: still a timing
             elapsed = time.perf_counter() - start
             why = f"IncompleteOutputError: {str(exc).splitlines()[0][:200]}"

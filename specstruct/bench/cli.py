@@ -107,6 +107,9 @@ def main(
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (default)"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, "--seed"),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="json, code, prose, document: run each prompt N times "
+                                "per side, which side goes first alternating; each side keeps its median run (the "
+                                "machine's drift then moves both sides of a prompt alike)"),
     out: Optional[str] = typer.Option(None, "--out", help="write every per-prompt figure and the summary as JSON"),
     plot_path: Optional[str] = typer.Option(None, "--plot", help="write a PNG: speedup and acceptance per scenario"),
     quick: bool = typer.Option(False, "--quick", help="a few prompts per scenario, specstruct vs target-only only"),
@@ -149,6 +152,9 @@ def main(
 
         publish(resummarize(json.loads(Path(from_results).read_text())), console, None, plot_path, markdown_out)
         return
+    if repeats > 1 and scenario in ("batch", "pipeline", "agent"):
+        raise typer.BadParameter(f"it repeats the prompts of json, code, prose and document, not of {scenario!r}",
+                                 param_hint="--repeats")
     if concurrency is not None and scenario != "batch":
         raise typer.BadParameter(f"it sets the concurrent requests of --scenario batch, not of {scenario!r}",
                                  param_hint="--concurrency")
@@ -218,7 +224,8 @@ def main(
     with console.status("loading models"):
         engine = tiny_engine() if tiny else load_engine(model, None if draft.lower() == "none" else draft)
     bar, update = (None, None) if quiet else _progress_display()
-    settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                        repeats=repeats)
     # --quick: JSON means typed extraction there (the full run mixes in JSONSchemaBench)
     fixed = {"json": extraction_workloads(limit)} if quick and "json" in scenarios else None
     kwargs = dict(scenarios=scenarios, limit=limit, baselines=chosen, settings=settings, run_tests=run_tests,

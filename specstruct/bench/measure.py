@@ -14,6 +14,7 @@ class Settings:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    repeats: int = 1  # runs of each prompt per side, alternating which side goes first; the median run is kept
 
 
 @dataclass

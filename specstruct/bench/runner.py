@@ -109,36 +109,49 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
     """Measure one workload on every applicable side and check its outputs.
 
     The constraint's per-state mask cache is shared between runs, so whichever specstruct side runs
-    second finds it warm; `spec_first` swaps the two (the runner alternates it per prompt)."""
+    second finds it warm; `spec_first` swaps the two (the runner alternates it per prompt). With
+    `settings.repeats` > 1 every side runs the prompt that many times, the order reversed on every other
+    repeat; a side's record is its run of median wall time (`runs_s` lists them all), so a machine whose speed
+    drifts within a prompt moves both sides alike."""
     order = list(sides)
     if spec_first:
         order.sort(key=lambda name: name != SPEC)
     record: dict[str, Any] = {"id": workload.id, "scenario": workload.scenario, "kind": workload.kind,
                               "status": "ok", "sides": {}, "errors": {}, "valid": {}, "validation_error": {},
                               "identical": None, "first_mismatch": None, "speedup": {}, "passed": {}}
+    runs: dict[str, list[Measurement]] = {}
+    for repeat in range(max(1, settings.repeats)):
+        for name in order if repeat % 2 == 0 else order[::-1]:
+            side = sides[name]
+            if on_side:
+                on_side(workload, name)
+            if name == "outlines" and not workload.constrained:
+                continue  # unconstrained outlines is plain `generate`: the hf side already measures it
+            if name in record["errors"]:
+                continue  # it failed on an earlier repeat
+            try:
+                side.prepare(workload)
+                m: Measurement = side.measure(workload, repeat) if repeat else side.measure(workload)
+            except ConstraintError as exc:
+                if name in (SPEC, TARGET_ONLY):
+                    record.update(status="unsupported", reason=f"{type(exc).__name__}: {exc}")
+                    return record
+                record["errors"][name] = f"{type(exc).__name__}: {exc}"
+                continue
+            except Exception as exc:  # noqa: BLE001 - a failing side is recorded, not fatal to the whole run
+                record["errors"][name] = f"{type(exc).__name__}: {exc}"
+                if name in (SPEC, TARGET_ONLY):
+                    record.update(status="error", reason=record["errors"][name])
+                    return record
+                continue
+            runs.setdefault(name, []).append(m)
     for name in order:
-        side = sides[name]
-        if on_side:
-            on_side(workload, name)
-        if name == "outlines" and not workload.constrained:
-            continue  # unconstrained outlines is plain `generate`: the hf side already measures it
-        try:
-            side.prepare(workload)
-            m: Measurement = side.measure(workload)
-        except ConstraintError as exc:
-            if name in (SPEC, TARGET_ONLY):
-                record.update(status="unsupported", reason=f"{type(exc).__name__}: {exc}")
-                return record
-            record["errors"][name] = f"{type(exc).__name__}: {exc}"
+        if name not in runs or name in record["errors"]:
             continue
-        except Exception as exc:  # noqa: BLE001 - a failing side is recorded, not fatal to the whole run
-            record["errors"][name] = f"{type(exc).__name__}: {exc}"
-            if name in (SPEC, TARGET_ONLY):
-                record.update(status="error", reason=record["errors"][name])
-                return record
-            continue
-        record["sides"][name] = asdict(m)
-        ok, why = workload.validate(m.text)
+        timed = sorted(runs[name], key=lambda run: run.elapsed_s)
+        kept = timed[(len(timed) - 1) // 2]
+        record["sides"][name] = asdict(kept) | ({"runs_s": [r.elapsed_s for r in runs[name]]} if len(timed) > 1 else {})
+        ok, why = workload.validate(kept.text)
         record["valid"][name] = ok
         if why:
             record["validation_error"][name] = why
@@ -254,7 +267,7 @@ def run_benchmark(engine: Any, *, scenarios: Iterable[str] = SCENARIOS, limit: i
     _warm_up(sides, settings)
     fairness = check_fairness(sides)
     chosen = {s: (workloads or {}).get(s) or load_workloads(s, limit or DEFAULT_LIMITS[s]) for s in scenarios}
-    total = sum(len(ws) for ws in chosen.values()) * len(sides)
+    total = sum(len(ws) for ws in chosen.values()) * len(sides) * max(1, settings.repeats)
     done = 0
 
     def on_side(w: Workload, side: str) -> None:

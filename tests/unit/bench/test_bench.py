@@ -265,3 +265,36 @@ def test_humaneval_completions_run_against_the_problem_tests():
     wrong = f"def {problem['entry_point']}(numbers, threshold):\n    return False\n"
     passed = [check_correctness(problem, humaneval_completion(problem, reply), 10.0)["passed"] for reply in (body, full, wrong)]
     assert passed == [True, True, False]
+
+
+def test_repeats_keep_each_sides_median_run_and_give_each_repeat_its_own_suffix_tenant(engines, monkeypatch):
+    engine, _ = engines
+    salts, run = [], engine.run
+
+    def recording(*args, **kwargs):
+        if kwargs["config"].enable_speculative:
+            salts.append(kwargs.get("cache_salt"))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run", recording)
+    calls = []
+    res = run_benchmark(engine, scenarios=["prose", "json"], baselines=["specstruct"],
+                        settings=Settings(max_new_tokens=8, repeats=3),
+                        workloads={"prose": load_workloads("prose", 1), "json": load_workloads("json", 1)},
+                        progress=lambda done, total, what: calls.append((done, total)))
+    assert {total for _, total in calls} == {2 * 2 * 3}  # prompts x sides x repeats
+    for record in res["records"]:
+        assert record["status"] == "ok" and record["identical"] is True
+        for side in record["sides"].values():
+            assert len(side["runs_s"]) == 3 and side["elapsed_s"] == sorted(side["runs_s"])[1]
+    # repeat 0 is the plain run; later repeats never see an earlier repeat's output in the suffix index
+    assert salts[-6:] == [None, "bench-repeat-1", "bench-repeat-2"] * 2
+
+
+def test_cli_refuses_repeats_where_a_scenario_has_no_prompts_to_repeat():
+    from typer.testing import CliRunner
+
+    from specstruct.bench.cli import app
+
+    result = CliRunner().invoke(app, ["--tiny", "--scenario", "agent", "--repeats", "2", "--quiet"])
+    assert result.exit_code != 0 and "--repeats" in result.output
