@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import gc
 import statistics
 import warnings
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.step_cost import measure
+from specstruct.runtime.load_memory import _libc
 from specstruct.runtime.owned import hand_over
 from specstruct.runtime.quantized import QuantWeight
 from specstruct.testing import OneSequence
@@ -40,16 +40,22 @@ def huge_kib() -> int:
     return 0
 
 
-def on_small_pages(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` advised against huge pages before anything touches it."""
-    out = torch.empty(t.shape, dtype=t.dtype)
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    page = 4096
-    ptr, size = out.data_ptr(), out.numel() * out.element_size()
-    start, end = ptr // page * page, -(-(ptr + size) // page) * page
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise(start, end - start, _MADV_NOHUGEPAGE)
-    return out.copy_(t)
+def on_small_pages(t: torch.Tensor, copies: dict[int, torch.Tensor], libc: ctypes.CDLL | None) -> torch.Tensor:
+    """`t` over a copy of its whole storage advised against huge pages before anything touches it; `copies` keeps
+    one copy per storage, so the views of a merged weight (its parts' QuantWeights) share it as they share the
+    original."""
+    storage = t.untyped_storage()
+    key = storage.data_ptr()
+    if key not in copies:
+        whole = torch.empty(0, dtype=t.dtype).set_(storage)
+        out = torch.empty(whole.shape, dtype=t.dtype)
+        page = 4096
+        ptr, size = out.data_ptr(), out.numel() * out.element_size()
+        start, end = ptr // page * page, -(-(ptr + size) // page) * page
+        if libc is None or libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_NOHUGEPAGE):
+            raise SystemExit("madvise(MADV_NOHUGEPAGE) failed: this OS has no transparent huge pages to compare")
+        copies[key] = out.copy_(whole)
+    return copies[key].as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def block_weights() -> list[QuantWeight]:
@@ -66,7 +72,9 @@ def compare(rt: OneSequence, ks: list[int], cache: int, repeats: int, rounds: in
     if not weights:
         raise SystemExit("the model has no block-quantized weights to move")
     huge = [{n: getattr(w, n) for n in PARTS} for w in weights]
-    small = [{n: None if t is None else on_small_pages(t) for n, t in parts.items()} for parts in huge]
+    copies: dict[int, torch.Tensor] = {}
+    libc = _libc()
+    small = [{n: None if t is None else on_small_pages(t, copies, libc) for n, t in parts.items()} for parts in huge]
 
     def use(sets: list[dict]) -> None:
         for w, parts in zip(weights, sets):

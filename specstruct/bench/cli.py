@@ -108,8 +108,8 @@ def main(
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, "--seed"),
     repeats: int = typer.Option(1, "--repeats", min=1, help="json, code, prose, document: run each prompt N times "
-                                "per side, which side goes first alternating; each side keeps its median run (the "
-                                "machine's drift then moves both sides of a prompt alike)"),
+                                "per side, which side goes first alternating; each side keeps its median run (for "
+                                "an even N the lower middle one): the machine's drift then moves both sides alike"),
     out: Optional[str] = typer.Option(None, "--out", help="write every per-prompt figure and the summary as JSON"),
     plot_path: Optional[str] = typer.Option(None, "--plot", help="write a PNG: speedup and acceptance per scenario"),
     quick: bool = typer.Option(False, "--quick", help="a few prompts per scenario, specstruct vs target-only only"),

@@ -113,7 +113,7 @@ class HFSide(_ExternalSide):
         super().__init__(engine, settings, stock, assistant)
         self.name = name
 
-    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # every run cold: `repeat` unused
+    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # no memory of earlier requests: `repeat` unused
         import torch
 
         ids = chat_ids(self.tokenizer, prompt_messages(self.engine, workload))
@@ -168,7 +168,7 @@ class OutlinesSide(_ExternalSide):
                                               eos_token_id=self.eos)
             self._warm = True
 
-    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # every run cold: `repeat` unused
+    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # no memory of earlier requests: `repeat` unused
         import torch
         from outlines.inputs import Chat
 

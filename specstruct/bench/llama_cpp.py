@@ -155,7 +155,7 @@ class LlamaCppSide:
             raise ValueError(f"llama.cpp side: no JSON schema for output type {workload.output_type!r}")
         return body
 
-    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # every run cold: `repeat` unused
+    def measure(self, workload: Workload, repeat: int = 0) -> Measurement:  # no memory of earlier requests: `repeat` unused
         return self.complete(self.request(workload))
 
     def complete(self, body: dict[str, Any]) -> Measurement:

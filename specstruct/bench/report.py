@@ -94,6 +94,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads, load average "
              f"{m.get('load_average_1m')} at start and {m.get('load_average_1m_end')} at end.",
              *[f"Numerics of {side}: {desc}." for side, desc in meta["numerics"].items()], COLD]
+    if meta["settings"].get("repeats", 1) > 1:
+        notes.append(f"Each prompt ran {meta['settings']['repeats']} times per side, which side went first alternating; "
+                     "each side's median run is the one reported.")
     sides = ["| " + " | ".join(SIDE_HEAD) + " |", "|" + "---|" * len(SIDE_HEAD)]
     sides += ["| " + " | ".join(r) + " |" for r in side_rows(results)]
     return "\n".join(rows) + "\n\n" + "\n".join(sides) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"

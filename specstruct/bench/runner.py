@@ -111,8 +111,9 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
     The constraint's per-state mask cache is shared between runs, so whichever specstruct side runs
     second finds it warm; `spec_first` swaps the two (the runner alternates it per prompt). With
     `settings.repeats` > 1 every side runs the prompt that many times, the order reversed on every other
-    repeat; a side's record is its run of median wall time (`runs_s` lists them all), so a machine whose speed
-    drifts within a prompt moves both sides alike."""
+    repeat; a side's record is its run of median wall time (the lower of the middle two for an even count;
+    `runs_s` lists them all), so a machine whose speed drifts within a prompt moves both sides alike. Greedy, every
+    run of the two specstruct sides must write the same tokens: `identical` is False where any differs."""
     order = list(sides)
     if spec_first:
         order.sort(key=lambda name: name != SPEC)
@@ -131,7 +132,7 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
                 continue  # it failed on an earlier repeat
             try:
                 side.prepare(workload)
-                m: Measurement = side.measure(workload, repeat) if repeat else side.measure(workload)
+                m: Measurement = side.measure(workload, repeat)
             except ConstraintError as exc:
                 if name in (SPEC, TARGET_ONLY):
                     record.update(status="unsupported", reason=f"{type(exc).__name__}: {exc}")
@@ -157,7 +158,8 @@ def run_prompt(workload: Workload, sides: dict[str, Any], settings: Settings, ru
             record["validation_error"][name] = why
     spec, base = record["sides"][SPEC], record["sides"][TARGET_ONLY]
     if settings.temperature == 0 and spec["token_ids"] and base["token_ids"]:
-        record["identical"] = spec["token_ids"] == base["token_ids"]
+        record["identical"] = spec["token_ids"] == base["token_ids"] and all(
+            run.token_ids == spec["token_ids"] for name in (SPEC, TARGET_ONLY) for run in runs[name])
         record["first_mismatch"] = _first_mismatch(spec["token_ids"], base["token_ids"])
     prompts = {name: m["prompt_tokens"] for name, m in record["sides"].items() if m["prompt_tokens"]}
     record["same_prompt_tokens"] = len(set(prompts.values())) <= 1

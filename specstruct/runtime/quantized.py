@@ -82,7 +82,7 @@ class QuantWeight:
         self.fmt, self.out_features, self.in_features = fmt, out_features, in_features
         panels, groups = -(-out_features // PANEL), in_features // fmt.group
         # on transparent huge pages where the OS allows: a pass streams every weight once, and on 4 KiB pages the
-        # TLB misses cost a one-token step of the 1.5B target 5% (docs/benchmarks.md)
+        # TLB misses cost a pass of the 1.5B target 3-5% (python -m benchmarks.huge_pages)
         self.packed = _zeros((panels, groups, fmt.group * PANEL * fmt.bits // 8), torch.uint8)
         self.scales = _zeros((panels, groups // fmt.gps, PANEL), torch.float16)  # the file's own fp16
         self.mins = _zeros(self.scales.shape, torch.float16) if fmt.zero < 0 else None

@@ -298,3 +298,21 @@ def test_cli_refuses_repeats_where_a_scenario_has_no_prompts_to_repeat():
 
     result = CliRunner().invoke(app, ["--tiny", "--scenario", "agent", "--repeats", "2", "--quiet"])
     assert result.exit_code != 0 and "--repeats" in result.output
+
+
+def test_repeats_that_write_different_tokens_are_not_identical(engines, monkeypatch):
+    from specstruct.bench.baselines import SpecStructSide
+
+    engine, _ = engines
+    measure = SpecStructSide.measure
+
+    def drifting(self, workload, repeat=0):
+        m = measure(self, workload, repeat)
+        if repeat == 2 and self.config.enable_speculative:
+            m.token_ids = m.token_ids[:-1]  # the median run may be another one: the check covers every run
+        return m
+
+    monkeypatch.setattr(SpecStructSide, "measure", drifting)
+    res = run_benchmark(engine, scenarios=["prose"], baselines=["specstruct"],
+                        settings=Settings(max_new_tokens=8, repeats=3), workloads={"prose": load_workloads("prose", 1)})
+    assert res["records"][0]["identical"] is False
