@@ -9,6 +9,7 @@ root, e.g. `python -m benchmarks.step_cost --help`:
     kernel_ab        the fixed-order linear kernel against oneDNN and stock torch
     step_ab          two runtimes' steps, A/B, interleaved
     attention_ab     the row-wise attention against the model's own
+    attention_stream a decode step's attention on a long cache against the memory's rate
     decode_thread    OpenMP pools and the computing thread
     load_memory      resident and peak memory of loading the default pair
     draft_agreement  how often the draft agrees with the target on the free candidates

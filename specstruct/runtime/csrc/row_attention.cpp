@@ -214,16 +214,20 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
   }
 }
 
-// Prefill: a tile of up to MAX_TILE consecutive query rows of one KV head computed together, so that each key and
-// value loaded serves every row of the tile that sees it (row at a time, a 1,024-token prompt reads the cache's keys
-// and values once per row). Each row still gets one_row's arithmetic in one_row's order, so the same bits: its
-// scores one by one as scores<C> computes them (16 lanes over the head's vectors, hsum8 = hsum's tree), soft-capped,
-// its softmax by exp_shifted over its own keys from its first one, and sum_j p_j v_j in increasing j from its
-// first key, its G * CW accumulators spilled to memory between blocks of keys (exact) rather than kept in registers
-// for the whole sum. A key block some rows of the tile do not see (past a row's end, before its window) is scored
-// for the rows that see part of it and the extra scores are never read.
+// A tile of up to MAX_TILE consecutive query rows of one KV head computed together (a prompt chunk's, or the few of
+// a decode step or a verification), so that each key and value loaded serves every row of the tile that sees it (row
+// at a time, a 1,024-token prompt reads the cache's keys and values once per row). Each row still gets one_row's
+// arithmetic in one_row's order, so the same bits: its scores one by one as scores<C> computes them (16 lanes over
+// the head's vectors, hsum8 = hsum's tree), soft-capped, its softmax by exp_shifted over its own keys from its first
+// one, and sum_j p_j v_j in increasing j from its first key, its accumulators spilled to memory between blocks of
+// keys (exact) rather than kept in registers for the whole sum. A key block some rows of the tile do not see (past a
+// row's end, before its window) is scored for the rows that see part of it and the extra scores are never read.
 constexpr int64_t MAX_TILE = 16;
-constexpr int64_t VALUE_BLOCK = 64;  // keys whose values (CW vectors of each) stay in L1 while every row adds them
+constexpr int64_t VALUE_BLOCK = 64;  // keys whose values stay in L1 while every row adds them, CW vectors at a time
+// Keys ahead whose key and value rows are asked for (prefetched) while the current ones are summed: a pass of a few
+// rows over a long cache streams it from memory, and the hardware prefetcher alone leaves a row's attention at about
+// half the memory's rate (python -m benchmarks.attention_stream)
+constexpr int64_t AHEAD = 16;
 
 // The scores of HP query heads (q, D floats apart) against the 8 keys at kb: s[h * ss + b], the bits of scores<C>.
 template <int C, int HP>
@@ -242,7 +246,7 @@ static inline void scores8(const float* q, const float* kb, float* s, int64_t ss
 }
 
 // R rows (row r's queries at q + r * qs, its output at out + r * qs) of one KV head over keys [first[r], end[r]),
-// both nondecreasing in r. S: R * G * (end[R-1] - first[0]) floats, O: R * G * CW * 16 floats of scratch.
+// both nondecreasing in r. S: R * G * (end[R-1] - first[0]) floats, O: R * G * D floats of scratch.
 template <int C, int G>
 static void attend_tile(const float* q, int64_t qs, const float* k, const float* v, float* out, int64_t R,
                       const int64_t* first, const int64_t* end, float* S, float* O, float cap) {
@@ -257,6 +261,8 @@ static void attend_tile(const float* q, int64_t qs, const float* k, const float*
   int64_t j = lo;
   for (; j + 8 <= hi; j += 8) {
     const float* kb = k + j * D;
+    if (j + AHEAD + 8 <= hi)
+      for (int64_t f = 0; f < 8 * D; f += W) __builtin_prefetch(kb + AHEAD * D + f, 0, 3);
     for (int64_t r = 0; r < R; ++r) {
       if (j >= end[r] || j + 8 <= first[r]) continue;
       const float* qr = q + r * qs;
@@ -283,18 +289,24 @@ static void attend_tile(const float* q, int64_t qs, const float* k, const float*
       soft_cap(p, n, cap);
       total[r][g] = exp_shifted(p, n, max_of(p, n));
     }
-  for (int c0 = 0; c0 < C; c0 += CW) {
-    std::fill(O, O + R * G * CW * W, 0.0f);
-    for (int64_t jb = lo; jb < hi; jb += VALUE_BLOCK)
+  // Each block of values is read once, for every row and every CW-vector chunk of the head (O holds all D of each
+  // row's heads); each accumulator still sums its keys in increasing j.
+  std::fill(O, O + R * G * D, 0.0f);
+  for (int64_t jb = lo; jb < hi; jb += VALUE_BLOCK) {
+    const int64_t jend = std::min(jb + VALUE_BLOCK, hi);
+    for (int c0 = 0; c0 < C; c0 += CW)
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t js = std::max(jb, first[r]), je = std::min(jb + VALUE_BLOCK, end[r]);
+        const int64_t js = std::max(jb, first[r]), je = std::min(jend, end[r]);
         if (js >= je) continue;
-        float* Or = O + r * G * CW * W;
+        float* Or = O + r * G * D + c0 * W;
         const float* pr = S + r * G * span;
         v16 o[G][CW];
         for (int g = 0; g < G; ++g)
-          for (int c = 0; c < CW; ++c) o[g][c] = load(Or + (g * CW + c) * W);
+          for (int c = 0; c < CW; ++c) o[g][c] = load(Or + g * D + c * W);
+        const bool ask = c0 == 0 && r == 0;  // the first reader of a value row asks for the one AHEAD keys on
         for (int64_t jj = js; jj < je; ++jj) {
+          if (ask && jj + AHEAD < hi)
+            for (int64_t f = 0; f < D; f += W) __builtin_prefetch(v + (jj + AHEAD) * D + f, 0, 3);
           v16 vj[CW];
           for (int c = 0; c < CW; ++c) vj[c] = load(v + jj * D + (c0 + c) * W);
           for (int g = 0; g < G; ++g) {
@@ -303,13 +315,13 @@ static void attend_tile(const float* q, int64_t qs, const float* k, const float*
           }
         }
         for (int g = 0; g < G; ++g)
-          for (int c = 0; c < CW; ++c) store(Or + (g * CW + c) * W, o[g][c]);
+          for (int c = 0; c < CW; ++c) store(Or + g * D + c * W, o[g][c]);
       }
-    for (int64_t r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g)
-        for (int c = 0; c < CW; ++c)
-          store(out + r * qs + g * D + (c0 + c) * W, load(O + ((r * G + g) * CW + c) * W) / total[r][g]);
   }
+  for (int64_t r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c)
+        store(out + r * qs + g * D + c * W, load(O + (r * G + g) * D + c * W) / total[r][g]);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, const int64_t*,
@@ -357,9 +369,11 @@ static void share_tasks(int64_t count, const Task& task) {
 
 // q [Hkv, G, Lq, D] (the last Lq positions), k / v [Hkv, Lk, D] -> [Lq, Hkv * G, D]; row i sees keys
 // 0 .. Lk - Lq + i, or with a sliding window (window > 0) its last `window` of them; softcap > 0 caps the scores.
-// tile_rows > 1: rows in tiles of up to that many (at most MAX_TILE; fewer where the tiles would not give every
-// thread two tasks) where the head size and heads per KV head have a tile (tile_for); else row at a time. The bits
-// are the same either way.
+// tile_rows > 1: rows in tiles where the head size and heads per KV head have a tile (tile_for), else row at a time;
+// the bits are the same either way. A pass of at most MAX_TILE rows (a decode step, a verification) is one tile per
+// KV head where the KV heads give every thread a task: each key and value is then read from memory once, where a
+// tile per row or two would read a long cache several times. A longer pass (a prompt chunk) runs in tiles of up to
+// tile_rows rows (at most MAX_TILE; fewer where the tiles would not give every thread two tasks).
 torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in, double scaling,
                      int64_t window, double softcap, int64_t tile_rows) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 3 && v_in.dim() == 3, "attend: q [Hkv, G, Lq, D], k/v [Hkv, Lk, D]");
@@ -388,16 +402,17 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
     first = window > 0 && end > window ? end - window : 0;
   };
   const TileFn tile = tile_for(D, G);
-  const int64_t R = std::min({tile_rows, MAX_TILE, Lq * H / (2 * at::get_num_threads())});
-  if (tile != nullptr && R >= 2) {
-    const int64_t tiles = (Lq + R - 1) / R, CW = 4;  // CW: the most vectors of a head attend_tile sums at once
+  const int64_t threads = at::get_num_threads();
+  const int64_t R = Lq <= MAX_TILE && H >= threads ? Lq : std::min({tile_rows, MAX_TILE, Lq * H / (2 * threads)});
+  if (tile != nullptr && tile_rows > 1 && R >= 1) {
+    const int64_t tiles = (Lq + R - 1) / R;
     share_tasks(tiles * H, [&](int64_t t, std::vector<float>& S, std::vector<float>& O) {
       const int64_t i0 = (tiles - 1 - t / H) * R, h = t % H, rows = std::min(R, Lq - i0);  // the longest rows first
       int64_t first[MAX_TILE], end[MAX_TILE];
       for (int64_t r = 0; r < rows; ++r) bounds(i0 + r, first[r], end[r]);
       const size_t need = rows * G * (end[rows - 1] - first[0]);
       if (S.size() < need) S.resize(need);
-      if (O.size() < static_cast<size_t>(rows * G * CW * W)) O.resize(rows * G * CW * W);
+      if (O.size() < static_cast<size_t>(rows * G * D)) O.resize(rows * G * D);
       tile(qp + (i0 * H + h) * G * D, H * G * D, kp + h * ks, vp + h * vs, op + (i0 * H + h) * G * D, rows, first,
            end, S.data(), O.data(), cap);
     });

@@ -134,8 +134,9 @@ def threads(request):
 def test_rows_in_tiles_are_the_bits_of_rows_at_a_time(kernel, shape, threads):
     """A prompt chunk's rows computed in tiles that share each key and value loaded: every row bitwise the row
     computed alone, for chunks that are not a multiple of the tile, on a cached prefix or none, tiles of any size
-    (more than the kernel takes at once: it caps them)."""
-    for lk, lq in [(29, 29), (64, 64), (100, 37), (300, 64), (9, 3), (270, 13)]:
+    (more than the kernel takes at once: it caps them); and a decode step's or a verification's few rows, one tile
+    per KV head, on a cache longer than a block of values."""
+    for lk, lq in [(29, 29), (64, 64), (100, 37), (300, 64), (9, 3), (270, 13), (1, 1), (300, 1), (200, 5)]:
         q, k, v = qkv(*shape, lk, lq, seed=lq)
         rows = kernel.attend(q, k, v, 0.3, 0, 0.0, 1)
         for i in (0, lq // 2, lq - 1):  # row at a time is each row alone, over the keys it sees
