@@ -16,14 +16,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
 
 from specstruct.runtime import half_linear
+from specstruct.runtime.architectures import config_of, rope_types
 from specstruct.runtime.load_memory import page_out_range, trim_heap
 from specstruct.runtime.half_linear import HalfEmbedding, HalfLinear, HalfWeight
-from specstruct.runtime.quantized import DECODERS, QuantEmbedding, QuantLinear, from_gguf_blocks
+from specstruct.runtime.gguf_blocks import DECODERS
+from specstruct.runtime.quantized import QuantEmbedding, QuantLinear, QuantWeight, from_gguf_blocks
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import PretrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,7 @@ log = logging.getLogger(__name__)
 class Tensor:
     name: str
     kind: str           # the GGML type name: "Q4_K", "F32"
-    shape: tuple        # rows first (numpy order)
+    shape: tuple[int, ...]  # rows first (numpy order)
     data: np.ndarray    # raw bytes [rows, bytes per row], a view of the mapped file
 
 
@@ -61,24 +69,38 @@ def read_tensors(path: Path) -> list[Tensor]:
     return tensors
 
 
-def gguf_config(path: Path):
+def gguf_config(path: Path) -> PretrainedConfig:
     """The transformers config stored in a GGUF file's metadata (converted once per file, then read from the
     cache: models.bare_gguf)."""
     from transformers import AutoConfig
 
     from specstruct.models.loading import metadata_source
 
-    return AutoConfig.from_pretrained(str(metadata_source(path)))
+    return cast("PretrainedConfig", AutoConfig.from_pretrained(str(metadata_source(path))))
 
 
-def _processor(config):
+class _Processed(Protocol):
+    weights: np.ndarray
+
+
+class _Processor(Protocol):
+    """What the loader uses of transformers' GGUF tensor processor for an architecture."""
+
+    config: dict[str, object]
+
+    def process(self, *, weights: np.ndarray, name: str, tensor_key_mapping: dict[str, str],
+                parsed_parameters: dict[str, object]) -> _Processed: ...
+
+
+def _processor(config: PretrainedConfig) -> _Processor:
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     arch = _ARCH_NAMES.get(config.model_type, config.model_type)  # transformers keys them by gguf-py's names
-    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    make = cast("Callable[..., _Processor]", TENSOR_PROCESSORS.get(arch, TensorProcessor))
+    return make(config=config.to_dict())
 
 
-def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | None:
+def _row_order(processor: _Processor, name: str, rows: int, mapping: dict[str, str]) -> np.ndarray | None:
     """The output-row order the processor gives tensor `name` (None: unchanged). Refuses any other change."""
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
@@ -101,7 +123,7 @@ def _release(tensor: Tensor) -> None:
     page_out_range(tensor.data.ctypes.data, tensor.data.nbytes)
 
 
-def _float32_view(processor, tensor: Tensor, mapping: dict) -> torch.Tensor | None:
+def _float32_view(processor: _Processor, tensor: Tensor, mapping: dict[str, str]) -> torch.Tensor | None:
     """A F32 tensor as a view of the mapped file (its rows reordered where the processor reorders them), or None
     (another type, or a processor that changes more than the row order: it goes through the processor)."""
     if tensor.kind != "F32" or len(tensor.shape) != 2:
@@ -114,7 +136,7 @@ def _float32_view(processor, tensor: Tensor, mapping: dict) -> torch.Tensor | No
     return torch.from_numpy(rows.view(np.float32).reshape(tensor.shape))
 
 
-def _set(model: torch.nn.Module, dotted: str, value) -> None:
+def _set(model: torch.nn.Module, dotted: str, value: torch.Tensor | torch.nn.Module) -> None:
     parent_name, _, attr = dotted.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     if isinstance(value, torch.nn.Module):
@@ -133,13 +155,13 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
     """GGUF tensor name -> the model's parameter name, by gguf-py's tensor name map for its architecture."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    cfg = model.config
+    cfg = config_of(model)
     wanted = _ARCH_NAMES.get(cfg.model_type, cfg.model_type)
     arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == wanted), None)
     if arch is None:
         raise NotImplementedError(f"gguf-py has no architecture {wanted!r}; load this model with weights='float32'")
     names = get_tensor_name_map(arch, cfg.num_hidden_layers)
-    mapping = {}
+    mapping: dict[str, str] = {}
     for hf_name in model.state_dict():
         base, _, suffix = hf_name.rpartition(".")
         gguf_name = names.get_name(base)
@@ -148,7 +170,7 @@ def _gguf_names(model: torch.nn.Module) -> dict[str, str]:
     return mapping
 
 
-def load_quantized(path: Path, config=None) -> torch.nn.Module:
+def load_quantized(path: Path, config: PretrainedConfig | None = None) -> torch.nn.Module:
     """The model of GGUF file `path` (with `config`, default the file's own) in eval mode, quantized and 16-bit
     weights kept. A Linear weight in a quantized type the kernel does not compute (IQ1-IQ3, TQ: below 3 bits) is
     refused by name (weights='float32' widens it, through transformers' loader); F16 / BF16 are widened only where
@@ -165,7 +187,9 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
         config.tie_word_embeddings = False  # the file ships its own LM head: use it, as llama.cpp does
     config.dtype = torch.float32
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary frequencies) real
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model: torch.nn.Module = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32)
+    lm = cast(_CausalLM, model)
     processor = _processor(config)
     mapping = _gguf_names(model)
     modules = dict(model.named_modules())
@@ -209,19 +233,13 @@ def load_quantized(path: Path, config=None) -> torch.nn.Module:
         order = _row_order(processor, tensor.name, rows, mapping)
         if order is not None:
             data = data[order]
-        half = tensor.kind in half_linear.DTYPES
-        weight = (HalfWeight.from_gguf if half else from_gguf_blocks)(tensor.kind, data, rows, cols)
-        if isinstance(module, torch.nn.Embedding):
-            embedding = HalfEmbedding if half else QuantEmbedding
-            _set(model, owner, embedding(weight, getattr(module, "embed_scale", None), module.padding_idx))
-        else:
-            if module.bias is not None and module.bias.device.type == "meta":
-                raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
-            _set(model, owner, (HalfLinear if half else QuantLinear)(weight, module.bias))
+        weight = (HalfWeight.from_gguf(tensor.kind, data, rows, cols) if tensor.kind in half_linear.DTYPES
+                  else from_gguf_blocks(tensor.kind, data, rows, cols))
+        _set(model, owner, _runtime_module(module, weight, f"{path.name} has no bias for {owner}"))
         _release(tensor)
-    head = model.get_output_embeddings()
+    head = lm.get_output_embeddings()
     if "output.weight" not in names and head is not None and not isinstance(head, (QuantLinear, HalfLinear)):
-        embedding = model.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
+        embedding = lm.get_input_embeddings()  # tied: the LM head computes on the embedding's weights
         if isinstance(embedding, QuantEmbedding):
             _set(model, _name_of(model, head), QuantLinear(embedding.qweight))
         elif isinstance(embedding, HalfEmbedding):
@@ -245,13 +263,11 @@ def apply_rope_freqs(model: torch.nn.Module, tensors: list[Tensor]) -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from specstruct.runtime.architectures import rope_types
-
     found = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
     if found is None:
         return
     factors = dequantize(found.data, GGMLQuantizationType[found.kind]).reshape(-1)
-    if rope_types(model.config) != {"default"}:
+    if rope_types(config_of(model)) != {"default"}:
         return
     try:
         rotary = model.get_submodule("model.rotary_emb")
@@ -268,8 +284,29 @@ def apply_rope_freqs(model: torch.nn.Module, tensors: list[Tensor]) -> None:
             setattr(rotary, name, buffers[name] / divisors)
 
 
+class _CausalLM(Protocol):
+    """What the loader reads of transformers' causal-LM model (its methods are untyped there)."""
+
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
+    def get_input_embeddings(self) -> torch.nn.Module: ...
+
+
+def _runtime_module(module: torch.nn.Module, weight: HalfWeight | QuantWeight, no_bias: str) -> torch.nn.Module:
+    """The runtime's module for transformers' Linear or Embedding `module` on `weight` (16-bit or block-quantized)."""
+    if isinstance(module, torch.nn.Embedding):
+        scale = getattr(module, "embed_scale", None)
+        if isinstance(weight, HalfWeight):
+            return HalfEmbedding(weight, scale, module.padding_idx)
+        return QuantEmbedding(weight, scale, module.padding_idx)
+    bias = module.bias if isinstance(module, torch.nn.Linear) else None
+    if bias is not None and bias.device.type == "meta":
+        raise ValueError(f"{no_bias} (the model's config expects one)")
+    return HalfLinear(weight, bias) if isinstance(weight, HalfWeight) else QuantLinear(weight, bias)
+
+
 def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
-    return next(n for n, m in model.named_modules() if m is module)
+    name: str = next(n for n, m in model.named_modules() if m is module)
+    return name
 
 
 WEIGHTS = ("auto", "gguf", "q8_0", "float32")
@@ -286,7 +323,8 @@ def quantize_linears(model: torch.nn.Module, name: str = "q8_0") -> torch.nn.Mod
     return model
 
 
-def load_model(name_or_path, *, weights: str = "auto", device: str = "cpu", dtype=None, tokenizer=None):
+def load_model(name_or_path: str | Path, *, weights: str = "auto", device: str = "cpu",
+               dtype: torch.dtype | None = None, tokenizer: object = None) -> tuple[torch.nn.Module, object]:
     """`(model, tokenizer)` with the weights asked for (`tokenizer`: one already loaded from the same files, used
     instead of building another: models.loading.same_tokenizer_files):
 

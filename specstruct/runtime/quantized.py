@@ -20,7 +20,7 @@ import copy
 from collections import Counter
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol, cast
 
 import numpy as np
 import torch
@@ -29,6 +29,17 @@ from specstruct.runtime import native
 from specstruct.runtime.gguf_blocks import DECODERS, Format
 from specstruct.runtime.load_memory import empty_on_huge_pages
 
+class BlockOps(Protocol):
+    """What csrc/blockq_linear.cpp's extension provides here (tests and probes reach its other functions)."""
+
+    simd: str
+
+    def amx(self) -> bool: ...
+    def linear(self, x: torch.Tensor, *weight_and_bias: object) -> torch.Tensor: ...
+    def linear_panels(self, x: torch.Tensor, *weight_and_panels: object) -> torch.Tensor: ...
+    def dequantize_rows(self, *weight_ids_and_shape: object) -> torch.Tensor: ...
+
+
 _KERNEL = native.Kernel("specstruct_blockq_linear", Path(__file__).parent / "csrc" / "blockq_linear.cpp",
                         "the block-quantized Linear kernel", "quantized weights cannot be computed")
 _PACKER = native.Kernel("specstruct_block_pack", Path(__file__).parent / "csrc" / "block_pack.cpp",
@@ -36,12 +47,12 @@ _PACKER = native.Kernel("specstruct_block_pack", Path(__file__).parent / "csrc" 
 PANEL = 16  # outputs per panel (the kernel's panel_outputs)
 
 
-def kernel():
+def kernel() -> BlockOps:
     """The built extension; raises with the reason where it cannot be built (quantized weights need it)."""
     ext = _KERNEL.load()
     if ext is None:
         raise RuntimeError(f"{_KERNEL.error}; load the model with weights='float32' instead")
-    return ext
+    return cast(BlockOps, ext)
 
 
 def why_not() -> str | None:
@@ -49,9 +60,9 @@ def why_not() -> str | None:
     return None if _KERNEL.load() is not None else _KERNEL.error
 
 
-def kernel_for(march: str):
+def kernel_for(march: str) -> BlockOps:
     """This kernel's source built for another instruction set (native.Kernel.for_march)."""
-    return _KERNEL.for_march(march)
+    return cast(BlockOps, _KERNEL.for_march(march))
 
 
 def simd() -> str:
@@ -107,7 +118,8 @@ class QuantWeight:
         pad = panels * PANEL - rows
         p0 = row0 // PANEL
 
-        def panelled(a: np.ndarray, dtype, fill=0) -> torch.Tensor:  # [rows, n] -> [P, n, 16]
+        def panelled(a: np.ndarray | None, dtype: type, fill: int = 0) -> torch.Tensor:  # [rows, n] -> [P, n, 16]
+            assert a is not None, "the format's scales: the caller passes every array its format has"
             t = torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
             if pad:
                 t = torch.cat([t, t.new_full((pad, t.shape[1]), fill)])
@@ -127,7 +139,7 @@ class QuantWeight:
         if self.submins is not None:
             self.submins[p0 : p0 + panels] = panelled(submins, np.int8)
 
-    def args(self) -> tuple:
+    def args(self) -> tuple[object, ...]:
         """The kernel's arguments for this weight after x: packed, scales, mins, sub-scales, sub-mins, outputs, group,
         bits, zero, groups per super-block, table (`ext.linear(x, *w.args(), bias)`, `ext.linear_scalar(x, *w.args())`)."""
         f = self.fmt
@@ -137,9 +149,9 @@ class QuantWeight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] float32 -> [M, out]."""
         f = self.fmt
-        return (_KERNEL.module or kernel()).linear(x, self.packed, self.scales, self.mins, self.subscales,
-                                                   self.submins, self.out_features, f.group, f.bits, f.zero, f.gps,
-                                                   f.lut, bias)
+        return cast(BlockOps, _KERNEL.module or kernel()).linear(x, self.packed, self.scales, self.mins, self.subscales,
+                                                                 self.submins, self.out_features, f.group, f.bits,
+                                                                 f.zero, f.gps, f.lut, bias)
 
     def linear_panels(self, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
         """x [M, in] float32 -> [M, PANEL * len(panels)]: only those panels' outputs, bitwise as `linear` gives them
@@ -198,8 +210,12 @@ def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_fea
         part = raw[r0 : r0 + _CHUNK_ROWS]
         rows = part.shape[0]
         u, scale, sub, mins, submins = decode(part.reshape(rows * blocks_per_row, block_bytes))
-        weight.fill(r0, u.reshape(rows, in_features), *(None if a is None else a.reshape(rows, -1)
-                                                         for a in (scale, sub, mins, submins)))
+
+        def per_row(a: np.ndarray | None, rows: int = rows) -> np.ndarray | None:
+            return None if a is None else a.reshape(rows, -1)
+
+        weight.fill(r0, u.reshape(rows, in_features), scale.reshape(rows, -1), per_row(sub), per_row(mins),
+                    per_row(submins))
     return weight
 
 
@@ -230,6 +246,8 @@ def quantize_float(weight: torch.Tensor, name: str = "q8_0") -> QuantWeight:
 class QuantLinear(torch.nn.Module):
     """nn.Linear's computation on a QuantWeight: y = x W^T + b. There is no `.weight` (a float32 copy would cost 4-7x
     the blocks): `qweight.dequantize()` makes one where it is really wanted."""
+
+    bias: torch.Tensor | None
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__()
@@ -281,7 +299,8 @@ def merge_linears(mods: list[QuantLinear]) -> tuple[QuantWeight, torch.Tensor | 
                 setattr(m.qweight, name, part)
                 setattr(m, name, part)  # the module's registered buffer
         at += panels
-    return merged, None if mods[0].bias is None else torch.cat([m.bias for m in mods])
+    biases = [m.bias for m in mods if m.bias is not None]
+    return merged, torch.cat(biases) if biases else None
 
 
 class QuantEmbedding(torch.nn.Module):
