@@ -14,6 +14,7 @@ a view of the file until the runtime packs it.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -235,7 +236,7 @@ def load_quantized(path: Path, config: PretrainedConfig | None = None) -> torch.
             data = data[order]
         weight = (HalfWeight.from_gguf(tensor.kind, data, rows, cols) if tensor.kind in half_linear.DTYPES
                   else from_gguf_blocks(tensor.kind, data, rows, cols))
-        _set(model, owner, _runtime_module(module, weight, f"{path.name} has no bias for {owner}"))
+        _set(model, owner, _runtime_module(module, weight, path, owner))
         _release(tensor)
     head = lm.get_output_embeddings()
     if "output.weight" not in names and head is not None and not isinstance(head, (QuantLinear, HalfLinear)):
@@ -291,8 +292,10 @@ class _CausalLM(Protocol):
     def get_input_embeddings(self) -> torch.nn.Module: ...
 
 
-def _runtime_module(module: torch.nn.Module, weight: HalfWeight | QuantWeight, no_bias: str) -> torch.nn.Module:
-    """The runtime's module for transformers' Linear or Embedding `module` on `weight` (16-bit or block-quantized)."""
+def _runtime_module(module: torch.nn.Module, weight: HalfWeight | QuantWeight, path: Path,
+                    owner: str) -> torch.nn.Module:
+    """The runtime's module for transformers' Linear or Embedding `module` (`owner` in the model of file `path`) on
+    `weight` (16-bit or block-quantized)."""
     if isinstance(module, torch.nn.Embedding):
         scale = getattr(module, "embed_scale", None)
         if isinstance(weight, HalfWeight):
@@ -300,7 +303,7 @@ def _runtime_module(module: torch.nn.Module, weight: HalfWeight | QuantWeight, n
         return QuantEmbedding(weight, scale, module.padding_idx)
     bias = module.bias if isinstance(module, torch.nn.Linear) else None
     if bias is not None and bias.device.type == "meta":
-        raise ValueError(f"{no_bias} (the model's config expects one)")
+        raise ValueError(f"{path.name} has no bias for {owner} (the model's config expects one)")
     return HalfLinear(weight, bias) if isinstance(weight, HalfWeight) else QuantLinear(weight, bias)
 
 
@@ -323,7 +326,7 @@ def quantize_linears(model: torch.nn.Module, name: str = "q8_0") -> torch.nn.Mod
     return model
 
 
-def load_model(name_or_path: str | Path, *, weights: str = "auto", device: str = "cpu",
+def load_model(name_or_path: str | os.PathLike[str], *, weights: str = "auto", device: str = "cpu",
                dtype: torch.dtype | None = None, tokenizer: object = None) -> tuple[torch.nn.Module, object]:
     """`(model, tokenizer)` with the weights asked for (`tokenizer`: one already loaded from the same files, used
     instead of building another: models.loading.same_tokenizer_files):

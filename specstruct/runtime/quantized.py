@@ -197,6 +197,10 @@ def pack_panels(fmt: Format, ut: torch.Tensor, panels: int) -> torch.Tensor:
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the temporary numpy arrays of a large tensor (the LM head)
 
 
+def _per_row(a: np.ndarray | None, rows: int) -> np.ndarray | None:
+    return None if a is None else a.reshape(rows, -1)
+
+
 def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_features: int) -> QuantWeight:
     """A weight from a GGUF tensor's raw blocks (`GGUFReader` tensor `.data`, [out, bytes per row])."""
     if type_name not in DECODERS:
@@ -210,12 +214,8 @@ def from_gguf_blocks(type_name: str, data: np.ndarray, out_features: int, in_fea
         part = raw[r0 : r0 + _CHUNK_ROWS]
         rows = part.shape[0]
         u, scale, sub, mins, submins = decode(part.reshape(rows * blocks_per_row, block_bytes))
-
-        def per_row(a: np.ndarray | None, rows: int = rows) -> np.ndarray | None:
-            return None if a is None else a.reshape(rows, -1)
-
-        weight.fill(r0, u.reshape(rows, in_features), scale.reshape(rows, -1), per_row(sub), per_row(mins),
-                    per_row(submins))
+        weight.fill(r0, u.reshape(rows, in_features), scale.reshape(rows, -1), _per_row(sub, rows),
+                    _per_row(mins, rows), _per_row(submins, rows))
     return weight
 
 

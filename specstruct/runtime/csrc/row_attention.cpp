@@ -17,9 +17,10 @@
 // scaled) by cap * tanh(s / cap) before the softmax, tanh a Cephes-style polynomial too: both depend on the row's
 // own position and scores alone, so rows stay invariant. For speed, keys are scored
 // eight at a time (independent chains, their sums reduced together by the same tree: the same bits) and each value
-// row is read once for all the query heads of its KV head, not once per head. A pass of many rows (a prompt chunk)
-// runs in tiles of consecutive rows of one KV head (tile_rows): each key and value loaded serves every row of the
-// tile, and each row's sums keep the order above, so the bits are those of the row computed alone.
+// row is read once for all the query heads of its KV head, not once per head. A pass runs in tiles of consecutive
+// rows of one KV head (a prompt chunk's tile_rows, or a decode step's or verification's few): each key and value
+// loaded serves every row of the tile, and each row's sums keep the order above, so the bits are those of the row
+// computed alone.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -225,8 +226,7 @@ static void one_row_any(const float* q, const float* k, const float* v, float* o
 constexpr int64_t MAX_TILE = 16;
 constexpr int64_t VALUE_BLOCK = 64;  // keys whose values stay in L1 while every row adds them, CW vectors at a time
 // Keys ahead whose key and value rows are asked for (prefetched) while the current ones are summed: a pass of a few
-// rows over a long cache streams it from memory, and the hardware prefetcher alone leaves a row's attention at about
-// half the memory's rate (python -m benchmarks.attention_stream)
+// rows over a long cache streams it from memory (python -m benchmarks.attention_stream times it against a plain read)
 constexpr int64_t AHEAD = 16;
 
 // The scores of HP query heads (q, D floats apart) against the 8 keys at kb: s[h * ss + b], the bits of scores<C>.
@@ -303,7 +303,7 @@ static void attend_tile(const float* q, int64_t qs, const float* k, const float*
         v16 o[G][CW];
         for (int g = 0; g < G; ++g)
           for (int c = 0; c < CW; ++c) o[g][c] = load(Or + g * D + c * W);
-        const bool ask = c0 == 0 && r == 0;  // the first reader of a value row asks for the one AHEAD keys on
+        const bool ask = c0 == 0 && r == 0;  // the block's first reader asks for the value row AHEAD keys on
         for (int64_t jj = js; jj < je; ++jj) {
           if (ask && jj + AHEAD < hi)
             for (int64_t f = 0; f < D; f += W) __builtin_prefetch(v + (jj + AHEAD) * D + f, 0, 3);
@@ -369,11 +369,12 @@ static void share_tasks(int64_t count, const Task& task) {
 
 // q [Hkv, G, Lq, D] (the last Lq positions), k / v [Hkv, Lk, D] -> [Lq, Hkv * G, D]; row i sees keys
 // 0 .. Lk - Lq + i, or with a sliding window (window > 0) its last `window` of them; softcap > 0 caps the scores.
-// tile_rows > 1: rows in tiles where the head size and heads per KV head have a tile (tile_for), else row at a time;
-// the bits are the same either way. A pass of at most MAX_TILE rows (a decode step, a verification) is one tile per
-// KV head where the KV heads give every thread a task: each key and value is then read from memory once, where a
-// tile per row or two would read a long cache several times. A longer pass (a prompt chunk) runs in tiles of up to
-// tile_rows rows (at most MAX_TILE; fewer where the tiles would not give every thread two tasks).
+// tile_rows > 1: rows in tiles where the head size and heads per KV head have a tile (tile_for); tile_rows = 1, or
+// no tile: row at a time. The bits are the same either way. A pass of at most MAX_TILE rows (a decode step, a
+// verification: it may exceed tile_rows) is one tile per KV head where the KV heads give every thread a task: each
+// key and value is then read from memory once, where a tile per row or two would read a long cache several times.
+// Otherwise (a prompt chunk, or more threads than KV heads) tiles of up to tile_rows rows (at most MAX_TILE; fewer
+// where the tiles would not give every thread two tasks; at least one).
 torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in, double scaling,
                      int64_t window, double softcap, int64_t tile_rows) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 3 && v_in.dim() == 3, "attend: q [Hkv, G, Lq, D], k/v [Hkv, Lk, D]");
@@ -403,8 +404,10 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const
   };
   const TileFn tile = tile_for(D, G);
   const int64_t threads = at::get_num_threads();
-  const int64_t R = Lq <= MAX_TILE && H >= threads ? Lq : std::min({tile_rows, MAX_TILE, Lq * H / (2 * threads)});
-  if (tile != nullptr && tile_rows > 1 && R >= 1) {
+  const int64_t R = Lq <= MAX_TILE && H >= threads
+                        ? Lq
+                        : std::max<int64_t>(1, std::min({tile_rows, MAX_TILE, Lq * H / (2 * threads)}));
+  if (tile != nullptr && tile_rows > 1 && R >= 1) {  // R = 0: no rows
     const int64_t tiles = (Lq + R - 1) / R;
     share_tasks(tiles * H, [&](int64_t t, std::vector<float>& S, std::vector<float>& O) {
       const int64_t i0 = (tiles - 1 - t / H) * R, h = t % H, rows = std::min(R, Lq - i0);  // the longest rows first

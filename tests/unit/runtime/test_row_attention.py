@@ -146,15 +146,23 @@ def test_rows_in_tiles_are_the_bits_of_rows_at_a_time(kernel, shape, threads):
             assert torch.equal(kernel.attend(q, k, v, 0.3, 0, 0.0, tile), rows), (lk, lq, tile)
 
 
+def test_a_pass_of_no_rows_is_empty(kernel):
+    q, k, v = qkv(2, 6, 128, 5, 0)
+    for tile in (1, 8):
+        assert kernel.attend(q, k, v, 0.3, 0, 0.0, tile).shape == (0, 12, 128)
+
+
 @pytest.mark.parametrize("shape", [(2, 6, 128), (1, 4, 256), (2, 2, 16)])
-@pytest.mark.parametrize("window,softcap", [(4, 0.0), (1, 0.0), (0, 2.0), (7, 1.5), (50, 0.0)])
-def test_tiles_keep_sliding_windows_and_soft_caps_bitwise(kernel, shape, window, softcap):
-    lk, lq = 140, 70  # rows whose windows start at different keys within one tile
-    q, k, v = qkv(*shape, lk, lq, seed=3)
-    scaling = shape[2] ** -0.5 * 4
-    rows = kernel.attend(q, k, v, scaling, window, softcap, 1)
-    for tile in (3, 8, 16):
-        assert torch.equal(kernel.attend(q, k, v, scaling, window, softcap, tile), rows)
+@pytest.mark.parametrize("window,softcap", [(4, 0.0), (1, 0.0), (0, 2.0), (7, 1.5), (50, 0.0), (70, 1.5)])
+def test_tiles_keep_sliding_windows_and_soft_caps_bitwise(kernel, shape, window, softcap, threads):
+    """A prompt chunk (rows whose windows start at different keys within one tile), and a decode step's or a
+    verification's few rows on a cache longer than a block of values."""
+    for lk, lq in [(140, 70), (300, 1), (200, 9)]:
+        q, k, v = qkv(*shape, lk, lq, seed=3)
+        scaling = shape[2] ** -0.5 * 4
+        rows = kernel.attend(q, k, v, scaling, window, softcap, 1)
+        for tile in (3, 8, 16):
+            assert torch.equal(kernel.attend(q, k, v, scaling, window, softcap, tile), rows), (lk, lq, tile)
 
 
 def test_a_prefill_in_tiles_is_the_prefill_row_at_a_time(tok, kernel, monkeypatch):
@@ -186,6 +194,8 @@ def test_other_vector_units_give_tiles_the_bits_of_rows_at_a_time(kernel, build)
         q, k, v = qkv(*shape, 100, 37, seed=5)
         rows = other.attend(q, k, v, 0.3, 0, 0.0, 1)
         assert torch.equal(other.attend(q, k, v, 0.3, 0, 0.0, 8), rows)
+        for lq in (1, 9):  # a decode step's and a verification's rows, one tile per KV head
+            assert torch.equal(other.attend(q[:, :, -lq:], k, v, 0.3, 0, 0.0, 8), rows[-lq:])
         assert torch.equal(other.attend(q, k, v, 0.3, 5, 1.5, 8), other.attend(q, k, v, 0.3, 5, 1.5, 1))
         if "fma" in needs:
             assert torch.equal(rows, kernel.attend(q, k, v, 0.3, 0, 0.0, 8))
