@@ -20,43 +20,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from specstruct.runtime import native, quantized
+from benchmarks.source_at import other_kernel
+from specstruct.runtime import quantized
 
 SOURCE = "specstruct/runtime/csrc/blockq_linear.cpp"
 # (outputs, inputs) of Qwen2.5-1.5B's Linear layers: k/v, q/o, gate/up, down
 SHAPES = [(256, 1536), (1536, 1536), (8960, 1536), (1536, 8960)]
 ROWS = [1, 9, 64, 235]
-
-
-def show(commit: str, path: str) -> str:
-    """A file of the repository at a commit."""
-    return subprocess.run(["git", "show", f"{commit}:{path}"], check=True, capture_output=True, text=True).stdout
-
-
-def other_kernel(source: str | None, commit: str | None):
-    """Build the other version (a distinct extension name, so both load in one process)."""
-    if commit:
-        folder = Path(tempfile.mkdtemp())
-        listed = subprocess.run(["git", "ls-tree", "--full-tree", "--name-only", commit, str(Path(SOURCE).parent) + "/"], check=True,
-                                capture_output=True, text=True).stdout.split()
-        for header in (name for name in listed if name.endswith(".h")):  # the headers it includes, as of then
-            (folder / Path(header).name).write_text(show(commit, header))
-        path = folder / "blockq_other.cpp"
-        path.write_text(show(commit, SOURCE))
-    else:
-        path = Path(source)
-    other = native.Kernel("specstruct_blockq_other", path, "the other block-quantized kernel", "", march="native")
-    if other.load() is None:
-        raise SystemExit(other.error)
-    return other.module
 
 
 def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> quantized.QuantWeight:
@@ -124,7 +99,8 @@ def main() -> None:
     if not (args.commit or args.source or args.march):
         ap.error("give --commit, --source or --march")
     mine = quantized.kernel()
-    other = quantized.kernel_for(args.march) if args.march else other_kernel(args.source, args.commit)
+    other = (quantized.kernel_for(args.march) if args.march
+             else other_kernel(SOURCE, file=args.source, commit=args.commit))
     print(f"kernel: {mine.simd}, other: {other.simd}; {torch.get_num_threads()} threads; format {args.format}")
     rng = np.random.default_rng(0)
     scalar_head = (" scalar, ms |", "---|") if args.scalar else ("", "")

@@ -15,33 +15,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from specstruct.runtime import fixed_linear, native
+from benchmarks.source_at import other_kernel
+from specstruct.runtime import fixed_linear
 from specstruct.testing import OneSequence
 
 SOURCE = "specstruct/runtime/csrc/fixed_linear.cpp"
-
-
-def other_kernel(source: str | None, commit: str | None):
-    """Build the other version of the kernel (a distinct extension name, so both load in one process)."""
-    from torch.utils import cpp_extension
-
-    if commit:
-        text = subprocess.run(["git", "show", f"{commit}:{SOURCE}"], check=True, capture_output=True, text=True).stdout
-        path = Path(tempfile.mkdtemp()) / "fixed_linear_other.cpp"
-        path.write_text(text)
-        source = str(path)
-    key = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]  # built once per version, then cached
-    return cpp_extension.load(name=f"specstruct_kernel_ab_{key}", sources=[source],
-                              extra_cflags=native.CFLAGS, extra_ldflags=native.LDFLAGS)
 
 
 def compare(model, other, ks: list[int], repeats: int) -> list[tuple[int, float, float, bool]]:
@@ -81,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if fixed_linear.kernel() is None:
         raise SystemExit(f"this tree's kernel is not built: {fixed_linear.why_not()}")
-    other = other_kernel(args.source, args.commit)
+    other = other_kernel(SOURCE, file=args.source, commit=args.commit)
     model, _ = load(args.model)
     if args.draft:
         model = quantize_draft(model)
