@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-size", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--commit", help=f"also time {SOURCE} as of this git commit, built beside this tree's")
-    ap.add_argument("--model", help="time this model's passes with the two attentions (needs --commit)")
+    ap.add_argument("--model", help="time this model's passes with the two attentions (needs --commit; the shape "
+                                    "flags are then the model's; a registry name is pulled on first use, ~1 GB)")
     args = ap.parse_args(argv)
     if args.model and not args.commit:
         ap.error("--model compares this tree's attention with another's: give --commit")

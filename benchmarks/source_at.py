@@ -12,18 +12,25 @@ from typing import Any
 from specstruct.runtime import native
 
 
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"git {' '.join(args)}: {e.stderr.strip()}") from None
+
+
 def show(commit: str, path: str) -> str:
     """A file of the repository at a commit."""
-    return subprocess.run(["git", "show", f"{commit}:{path}"], check=True, capture_output=True, text=True).stdout
+    return _git("show", f"{commit}:{path}")
 
 
 def other_kernel(source: str, *, file: str | None = None, commit: str | None = None) -> Any:
     """The extension built from `file`, or from `source` (a path in the repository) at `commit` with the headers of
     its folder as of then; under a name of its own (the source's hash), so it loads beside this tree's build."""
-    if commit:
-        folder = Path(tempfile.mkdtemp())
-        listed = subprocess.run(["git", "ls-tree", "--full-tree", "--name-only", commit, str(Path(source).parent) + "/"],
-                                check=True, capture_output=True, text=True).stdout.split()
+    if commit:  # one folder per commit: the build's command names the path, so the same path is built once
+        folder = Path(tempfile.gettempdir()) / f"specstruct_{Path(source).stem}_{_git('rev-parse', commit).strip()}"
+        folder.mkdir(exist_ok=True)
+        listed = _git("ls-tree", "--full-tree", "--name-only", commit, str(Path(source).parent) + "/").split()
         for header in (name for name in listed if name.endswith(".h")):  # the headers it includes, as of then
             (folder / Path(header).name).write_text(show(commit, header))
         path = folder / Path(source).name
