@@ -227,8 +227,9 @@ constexpr int64_t MAX_TILE = 16;
 constexpr int64_t VALUE_BLOCK = 64;  // keys whose values stay in L1 while every row adds them, CW vectors at a time
 // Keys ahead whose key and value rows are asked for (prefetched) while the current ones are summed: a pass of a few
 // rows over a long cache streams it from memory (python -m benchmarks.attention_stream times it against a plain read).
-// Into L2 (PREFETCHT1), not L1: on the Zen 4 EPYC that ran a one-row pass on 1,200-2,500 cached tokens 1.1-1.3x
-// faster than the same prefetches into L1, 16-48 keys ahead alike (the two built side by side, the same bits).
+// Into L2 (PREFETCHT1), not L1: on the Zen 4 EPYC a pass of 1, 5 and 9 rows on 1,200-2,500 cached tokens ran
+// 1.45-1.53x, 1.14-1.19x and 1.08-1.10x faster than with the same prefetches into L1 (the same bits; python -m
+// benchmarks.attention_stream --commit 9d7f546, the L1 version), and 16 to 48 keys ahead did alike.
 constexpr int64_t AHEAD = 16;
 
 // The scores of HP query heads (q, D floats apart) against the 8 keys at kb: s[h * ss + b], the bits of scores<C>.
