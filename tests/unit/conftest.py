@@ -25,3 +25,14 @@ def linear_kernel(request, monkeypatch):
         if fixed_linear.kernel() is None:
             pytest.skip(fixed_linear.why_not())
     return request.param
+
+
+@pytest.fixture
+def attention_kernel():
+    """The row-wise attention's C++ extension (csrc/row_attention.cpp), or a skip naming why it is not built."""
+    from specstruct.runtime import packed
+
+    ext = packed._KERNEL.load()
+    if ext is None:
+        pytest.skip(packed._KERNEL.error)
+    return ext

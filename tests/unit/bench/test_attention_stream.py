@@ -11,17 +11,9 @@ from specstruct.runtime import packed
 from specstruct.testing import tiny_model, tiny_tokenizer
 
 
-@pytest.fixture
-def kernel():
-    ext = packed._KERNEL.load()
-    if ext is None:
-        pytest.skip(packed._KERNEL.error)
-    return ext
-
-
-def test_each_cache_and_pass_is_timed_in_tiles_row_at_a_time_as_a_read_and_by_another_build(kernel, capsys):
+def test_each_cache_and_pass_is_timed_in_tiles_row_at_a_time_as_a_read_and_by_another_build(attention_kernel, capsys):
     res = attention_stream.stream([70, 130], [1, 5], layers=2, kv_heads=2, heads_per_kv=3, head_size=32, repeats=1,
-                                  other=kernel)  # this tree's build stands for another version's
+                                  other=attention_kernel)  # this tree's build stands for another version's
     assert [(r["cache"], r["rows"]) for r in res] == [(70, 1), (70, 5), (130, 1), (130, 5)]
     for r in res:
         assert r["same_bits"] and min(r["tiles"], r["rows_at_a_time"], r["read"], r["other"]) > 0
@@ -31,11 +23,11 @@ def test_each_cache_and_pass_is_timed_in_tiles_row_at_a_time_as_a_read_and_by_an
     assert "| 40 | 2 |" in capsys.readouterr().out
 
 
-def test_a_models_passes_are_timed_with_each_build_swapped_in(kernel):
-    res = attention_stream.passes(tiny_model(tiny_tokenizer(), seed=0), [40], [1, 3], repeats=1, other=kernel)
+def test_a_models_passes_are_timed_with_each_build_swapped_in(attention_kernel):
+    res = attention_stream.passes(tiny_model(tiny_tokenizer(), seed=0), [40], [1, 3], repeats=1, other=attention_kernel)
     assert [(r["cache"], r["rows"]) for r in res] == [(40, 1), (40, 3)]
     assert all(r["same_bits"] and r["this"] > 0 and r["other"] > 0 for r in res)
-    assert packed._KERNEL.module is kernel  # swapped back
+    assert packed._KERNEL.module is attention_kernel  # swapped back
 
 
 def test_a_model_needs_the_other_version():

@@ -13,11 +13,8 @@ from specstruct.runtime.owned import peek
 
 
 @pytest.fixture
-def kernel():
-    ext = packed._KERNEL.load()
-    if ext is None:
-        pytest.skip(packed._KERNEL.error)
-    return ext
+def kernel(attention_kernel):
+    return attention_kernel
 
 
 # (KV heads, query heads per KV head, head size): Qwen2.5-Coder-1.5B (2, 6, 128), 0.5B (2, 7, 64), the tiny test
